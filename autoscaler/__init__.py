@@ -1,0 +1,1 @@
+"""autoscaler: replica and GPU node-group autoscaling."""

@@ -1,0 +1,1 @@
+"""extender: the kube-scheduler HTTP extender."""

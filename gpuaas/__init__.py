@@ -1,0 +1,1 @@
+"""gpuaas: command line, local KWOK cluster harness and shared plumbing."""

@@ -1,0 +1,40 @@
+"""gpuaas: one command for the platform's verbs. Each verb lives in its own module, which exposes `register(subparsers)`; that
+its parser and sets `func` to a callable taking the parsed arguments and returning an exit code."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute a verb, in the order `gpuaas --help` lists them.
+VERB_MODULES = (
+    "gpuaas.cluster.cli",
+    "gpuaas.simulate.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuaas", description=__doc__.splitlines()[0] if __doc__ else None)
+    subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
+    for name in VERB_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a verb whose module does not exist yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Install everything the tests and the demo need, idempotently, cached outside the repo:
+#   $GPUAAS_CACHE (default ~/.cache/gpuaas)/venv          Python environment with gpuaas installed (editable)
+#   $GPUAAS_CACHE/kube-<version>/                          kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+#   $GPUAAS_CACHE/kwok-<version>/kwok, etcd-<version>/etcd  built from the Go module proxy
+#   prometheus                                             Debian package
+# A second run checks stamps and does nothing; it takes about a second.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+# shellcheck source=versions.env
+. "$here/versions.env"
+CACHE=${GPUAAS_CACHE:-$HOME/.cache/gpuaas}
+mkdir -p "$CACHE"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Serialise concurrent setups (the demo and the tests may start together).
+exec 9>"$CACHE/.setup.lock"
+flock 9
+
+# --- Debian packages ------------------------------------------------------------------------------------------
+need_apt=()
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v flock >/dev/null || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  # --no-install-recommends: the prometheus package recommends exporters and a web UI we do not use.
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# --- Go builds ------------------------------------------------------------------------------------------------
+command -v go >/dev/null || { echo "setup: Go is required (the Kubernetes binaries are built from the Go module proxy)" >&2; exit 1; }
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+
+kube_dir="$CACHE/kube-$KUBE_VERSION"
+if [ ! -x "$kube_dir/kubectl" ]; then
+  log "building Kubernetes v$KUBE_VERSION from k8s.io/kubernetes (first run only: 10-25 minutes on 2 cores)"
+  rm -rf "$kube_dir.tmp"
+  "$here/build-kube.sh" "$KUBE_VERSION" "$kube_dir.tmp" >&2
+  mv "$kube_dir.tmp" "$kube_dir"
+fi
+
+kwok_dir="$CACHE/kwok-$KWOK_VERSION"
+if [ ! -x "$kwok_dir/kwok" ]; then
+  log "building kwok $KWOK_VERSION"
+  rm -rf "$kwok_dir.tmp"; mkdir -p "$kwok_dir.tmp"
+  GOBIN="$kwok_dir.tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  # kwok's default Stage documents ship inside the module; keep them beside the binary for reference.
+  cp -r "$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage" "$kwok_dir.tmp/stage"
+  chmod -R u+w "$kwok_dir.tmp/stage"
+  mv "$kwok_dir.tmp" "$kwok_dir"
+fi
+
+etcd_dir="$CACHE/etcd-$ETCD_VERSION"
+if [ ! -x "$etcd_dir/etcd" ]; then
+  log "building etcd $ETCD_VERSION"
+  rm -rf "$etcd_dir.tmp"
+  "$here/build-etcd.sh" "$ETCD_VERSION" "$etcd_dir.tmp" >&2
+  mv "$etcd_dir.tmp" "$etcd_dir"
+fi
+
+# --- Python -----------------------------------------------------------------------------------------------------
+venv="$CACHE/venv"
+py=${PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating $venv"
+  "$py" -m venv "$venv"
+fi
+deps_stamp="$venv/.gpuaas-deps"
+deps_hash=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)
+if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
+  log "installing Python dependencies"
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  "$venv/bin/pip" install -q "$repo[test]" >&2    # resolves and installs every dependency of the project
+  echo "$deps_hash" > "$deps_stamp"
+  rm -f "$venv/.gpuaas-src"
+fi
+# The venv outlives any one checkout (CI clones afresh): point the editable install at this one.
+if [ "$(cat "$venv/.gpuaas-src" 2>/dev/null)" != "$repo" ]; then
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$repo" >&2
+  echo "$repo" > "$venv/.gpuaas-src"
+fi
+
+# The harness finds the binaries through this file.
+cat > "$CACHE/env" <<ENV
+GPUAAS_KUBE_BIN=$kube_dir
+GPUAAS_KWOK_BIN=$kwok_dir/kwok
+GPUAAS_ETCD_BIN=$etcd_dir/etcd
+GPUAAS_PROMETHEUS_BIN=$(command -v prometheus)
+GPUAAS_VENV=$venv
+ENV
