@@ -72,7 +72,7 @@ deps_stamp="$venv/.gpuaas-deps"
 deps_hash=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)
 if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
   log "installing Python dependencies"
-  "$venv/bin/pip" install -q --upgrade pip >&2
+  "$venv/bin/pip" install -q --upgrade pip setuptools wheel >&2
   "$venv/bin/pip" install -q "$repo[test]" >&2    # resolves and installs every dependency of the project
   echo "$deps_hash" > "$deps_stamp"
   rm -f "$venv/.gpuaas-src"

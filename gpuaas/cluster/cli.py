@@ -1,0 +1,103 @@
+"""`gpuaas cluster up|status|down`: a local KWOK GPU cluster that outlives the command, for demos and debugging."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from kubernetes import client
+
+from ..kubeclient import api_client
+from .controlplane import ControlPlane, ControlPlaneError, process_alive
+from .local import LocalCluster, builtin_pool_specs, resolve_pool_spec
+from .pools import POOL_LABEL, PoolSpecError
+from .tools import ToolsMissing, cache_dir
+
+
+def cluster_dir(name: str) -> Path:
+    return cache_dir() / "clusters" / name
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("cluster", help="run a local KWOK GPU cluster (real control plane, fake nodes)")
+    verbs = parser.add_subparsers(dest="cluster_verb", metavar="up|status|down", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--name", default="gpuaas", help="cluster name (default: %(default)s)")
+    common.add_argument("--dir", type=Path, help="work directory (default: $GPUAAS_CACHE/clusters/NAME)")
+
+    up = verbs.add_parser("up", parents=[common], help="start the control plane and create the GPU node pools")
+    up.add_argument("--pools", default="demo",
+                    help=f"pool spec: a YAML file or a built-in name ({', '.join(builtin_pool_specs())}); "
+                         "default: %(default)s")
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    up.set_defaults(func=cmd_up)
+    status = verbs.add_parser("status", parents=[common], help="show components and nodes")
+    status.set_defaults(func=cmd_status)
+    down = verbs.add_parser("down", parents=[common], help="stop every process of the cluster")
+    down.set_defaults(func=cmd_down)
+
+
+def _workdir(args: argparse.Namespace) -> Path:
+    return args.dir or cluster_dir(args.name)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        spec = resolve_pool_spec(args.pools)  # refuse a broken spec before any process starts
+    except PoolSpecError as err:
+        print(f"gpuaas cluster up: {err}", file=sys.stderr)
+        return 2
+    cluster = LocalCluster(_workdir(args), name=args.name, owned=False)
+    try:
+        timings = cluster.up(spec, timeout=args.timeout)
+    except (ToolsMissing, ControlPlaneError, TimeoutError) as err:
+        print(f"gpuaas cluster up: {err}", file=sys.stderr)
+        cluster.down()
+        return 1
+    except BaseException:
+        cluster.down()  # never leave a half-started cluster behind
+        raise
+    gpus = sum(p.count * (p.gpu.count if p.gpu else 0) for p in spec.pools)
+    print(f"cluster {args.name} is up: {spec.node_count} nodes, {gpus} GPUs, ready in {timings['total_s']:.1f}s "
+          f"(control plane {timings['control_plane_s']:.1f}s, nodes {timings.get('nodes_ready_s', 0):.1f}s)")
+    for pool in spec.pools:
+        gpu = f"{pool.gpu.count} x {pool.gpu.model}" + (f" MIG {pool.gpu.mig_config_label()}" if pool.gpu.mig else "") \
+            if pool.gpu else "no GPU"
+        print(f"  pool {pool.name:<12} {pool.count:>5} nodes  {gpu}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"logs: {cluster.control_plane.logs}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cp = ControlPlane(_workdir(args), name=args.name)
+    if not cp.attach_existing():
+        print(f"cluster {args.name}: not running")
+        return 1
+    for name, st in cp.status().items():
+        print(f"  {name:<24} {'running' if st['running'] else 'STOPPED':<8} pid {st['pid']}  port {st['port']}")
+    try:
+        api = api_client(cp.kubeconfig)
+        nodes = client.CoreV1Api(api).list_node(label_selector=POOL_LABEL).items
+        ready = sum(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ()) for n in nodes)
+        phases = Counter(p.status.phase for p in client.CoreV1Api(api).list_pod_for_all_namespaces().items)
+        print(f"  nodes: {ready}/{len(nodes)} Ready; pods: {dict(phases) or 'none'}")
+        print(f"export KUBECONFIG={cp.kubeconfig}")
+    except Exception as err:  # the status of a half-dead cluster is still worth printing
+        print(f"  apiserver not answering: {err}")
+        return 1
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    cp = ControlPlane(_workdir(args), name=args.name)
+    running = cp.attach_existing()
+    processes = [(c.pid, c.argv[0]) for c in cp.state.components.values()] if cp.state else []
+    cp.stop()
+    survivors = [pid for pid, argv0 in processes if process_alive(pid, argv0)]
+    if survivors:
+        print(f"gpuaas cluster down: processes {survivors} survived SIGKILL", file=sys.stderr)
+        return 1
+    print(f"cluster {args.name}: {'stopped' if running else 'was not running'}; logs kept in {cp.logs}")
+    return 0

@@ -1,0 +1,71 @@
+"""A local cluster: the control plane plus GPU node pools. What pytest fixtures, `gpuaas cluster` and the demo use."""
+from __future__ import annotations
+
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from ..kubeclient import api_client
+from .controlplane import ControlPlane
+from .nodes import create_nodes, wait_nodes_ready
+from .pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects
+
+
+def builtin_pool_specs() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files("gpuaas.pools").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def resolve_pool_spec(name_or_path: str) -> PoolSpec:
+    """A pool spec from a file path, or by the name of one shipped with gpuaas (`demo`, `large-200`)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return load_pool_spec(path)
+    if name_or_path in builtin_pool_specs():
+        with resources.as_file(resources.files("gpuaas.pools") / f"{name_or_path}.yaml") as p:
+            return load_pool_spec(p)
+    raise PoolSpecError(f"{name_or_path}: no such file, and not a built-in pool spec ({', '.join(builtin_pool_specs())})")
+
+
+class LocalCluster:
+    def __init__(self, workdir: Path, *, name: str = "gpuaas", owned: bool = True,
+                 extenders: list[dict[str, Any]] | None = None, **control_plane_args: Any):
+        self.control_plane = ControlPlane(workdir, name=name, owned=owned, extenders=extenders, **control_plane_args)
+        self._api: client.ApiClient | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def api(self) -> client.ApiClient:
+        if self._api is None:
+            self._api = api_client(self.kubeconfig)
+        return self._api
+
+    def up(self, pools: PoolSpec | None = None, timeout: float = 120.0) -> dict[str, float]:
+        """Start the control plane and create the pools' nodes; return how long each phase took (seconds)."""
+        t0 = time.monotonic()
+        self.control_plane.start(timeout=timeout)
+        timings = {"control_plane_s": time.monotonic() - t0}
+        if pools is not None:
+            timings.update(self.add_pools(pools, timeout=max(10.0, timeout - timings["control_plane_s"])))
+        timings["total_s"] = time.monotonic() - t0
+        return timings
+
+    def add_pools(self, pools: PoolSpec, timeout: float = 120.0) -> dict[str, float]:
+        nodes = spec_node_objects(pools)
+        t0 = time.monotonic()
+        create_nodes(self.api, nodes)
+        created = time.monotonic() - t0
+        wait_nodes_ready(self.api, [n["metadata"]["name"] for n in nodes], timeout=timeout)
+        return {"nodes": float(len(nodes)), "nodes_created_s": created, "nodes_ready_s": time.monotonic() - t0}
+
+    def down(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+        self.control_plane.stop()

@@ -1,0 +1,262 @@
+"""Declarative GPU node pools for the local cluster, and the Node objects they become.
+
+A pool spec is YAML:
+
+    pools:
+    - name: a100                 # DNS label; nodes are named <name>-0000, <name>-0001, ...
+      count: 4
+      gpu:
+        model: A100-80GB         # a name or product label from scoring.gpus
+        count: 8                 # GPUs per node
+        memoryMiB: 81920         # optional; the model's memory by default
+        mig: all-1g.10gb         # optional; a MIG-manager config name, or a per-GPU layout {1g.10gb: 7}
+        migGPUs: 8               # optional; how many of the GPUs have MIG enabled (default: all when mig is set)
+        topology: {nvlinkDomain: 8, numaNode: 4}   # GPUs per NVLink domain and per NUMA node
+      cpu: "96"
+      memory: 1Ti
+      pods: 110
+      labels: {team: research}
+      taints: [{key: dedicated, value: research, effect: NoSchedule}]
+
+Every field is checked before any process starts; an unknown field, a negative count or a MIG layout that does not fit
+the GPU model is refused with a message naming the field. The nodes carry what GPU feature discovery and the NVIDIA
+device plugin (MIG strategy `mixed`) publish on a real node.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from kubernetes.utils.quantity import parse_quantity
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from scoring import gpus
+
+from .controlplane import KWOK_NODE_ANNOTATION
+
+POOL_LABEL = "gpuaas.io/pool"
+# GPU interconnect layout of a node, as gpuaas reads it (nothing upstream publishes it): JSON
+# {"nvlinkDomains": [[0,1,2,3],[4,5,6,7]], "numaNodes": [[0,1,2,3],[4,5,6,7]]}, lists of GPU indices.
+TOPOLOGY_ANNOTATION = "gpuaas.io/gpu-topology"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class PoolSpecError(ValueError):
+    """A pool spec that cannot become nodes; the message names the offending field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class Taint(_Strict):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Topology(_Strict):
+    nvlink_domain: int | None = Field(default=None, ge=1, alias="nvlinkDomain")
+    numa_node: int | None = Field(default=None, ge=1, alias="numaNode")
+
+
+class GpuSpec(_Strict):
+    model: str
+    count: int = Field(ge=1, le=16)
+    memory_mib: int | None = Field(default=None, ge=1, alias="memoryMiB")
+    mig: str | dict[str, int] | None = None
+    mig_gpus: int | None = Field(default=None, ge=0, alias="migGPUs")
+    topology: Topology = Topology()
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        gpus.get_model(value)  # raises UnknownGpuModelError (a KeyError) naming the known models
+        return value
+
+    @model_validator(mode="after")
+    def _mig_fits(self) -> "GpuSpec":
+        model = gpus.get_model(self.model)
+        if self.mig_gpus is not None and self.mig_gpus > self.count:
+            raise ValueError(f"migGPUs {self.mig_gpus} is more than the node's {self.count} GPUs")
+        if self.mig is None:
+            if self.mig_gpus:
+                raise ValueError("migGPUs is set but mig (the layout) is not")
+            return self
+        gpus.resolve_mig_layout(model, self.mig)  # raises MigLayoutError naming the profile and the model
+        for size, what in ((self.topology.nvlink_domain, "nvlinkDomain"), (self.topology.numa_node, "numaNode")):
+            if size is not None and self.count % size:
+                raise ValueError(f"topology.{what} {size} does not divide the node's {self.count} GPUs")
+        return self
+
+    @property
+    def gpu_model(self) -> gpus.GpuModel:
+        return gpus.get_model(self.model)
+
+    @property
+    def mig_enabled_gpus(self) -> int:
+        if self.mig is None:
+            return 0
+        return self.count if self.mig_gpus is None else self.mig_gpus
+
+    def mig_counts(self) -> dict[str, int]:
+        """Instances of each profile on one MIG-enabled GPU."""
+        counts: dict[str, int] = {}
+        for placement in gpus.resolve_mig_layout(self.gpu_model, self.mig) if self.mig is not None else ():
+            counts[placement.profile] = counts.get(placement.profile, 0) + 1
+        return counts
+
+    def mig_config_label(self) -> str:
+        """The `nvidia.com/mig.config` value: the MIG-manager config name, or a spelled-out custom layout."""
+        if self.mig is None:
+            return "all-disabled"
+        if isinstance(self.mig, str):
+            return self.mig
+        return "custom-" + "-".join(f"{n}x{p}" for p, n in sorted(self.mig.items()))
+
+
+class Pool(_Strict):
+    name: str
+    count: int = Field(ge=0, le=5000)
+    gpu: GpuSpec | None = None
+    cpu: str = "64"
+    memory: str = "512Gi"
+    pods: int = Field(default=110, ge=1)
+    labels: dict[str, str] = {}
+    taints: list[Taint] = []
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a DNS label of at most 40 characters (lower case, digits, '-')")
+        return value
+
+    @field_validator("cpu", "memory", mode="before")
+    @classmethod
+    def _quantity(cls, value: Any) -> str:
+        text = str(value)
+        try:
+            if parse_quantity(text) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{text!r} is not a positive Kubernetes quantity (e.g. 96, 500m, 1Ti)") from None
+        return text
+
+    @field_validator("labels")
+    @classmethod
+    def _label_values(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise ValueError(f"label {key}: value {value!r} is not a valid label value")
+        return labels
+
+
+class PoolSpec(_Strict):
+    pools: list[Pool] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "PoolSpec":
+        seen = set()
+        for pool in self.pools:
+            if pool.name in seen:
+                raise ValueError(f"pool name {pool.name!r} is used twice")
+            seen.add(pool.name)
+        return self
+
+    @property
+    def node_count(self) -> int:
+        return sum(p.count for p in self.pools)
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{where}: {msg.removeprefix('Value error, ')}")
+    return "invalid pool spec:\n  " + "\n  ".join(lines)
+
+
+def parse_pool_spec(data: Any) -> PoolSpec:
+    """Validate a pool spec (already parsed from YAML); raise PoolSpecError naming every bad field."""
+    try:
+        return PoolSpec.model_validate(data)
+    except ValidationError as err:
+        raise PoolSpecError(_format_error(err)) from None
+
+
+def load_pool_spec(path: Path | str) -> PoolSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise PoolSpecError(f"{path}: not valid YAML: {err}") from None
+    except OSError as err:
+        raise PoolSpecError(f"{path}: {err.strerror}") from None
+    try:
+        return parse_pool_spec(data)
+    except PoolSpecError as err:
+        raise PoolSpecError(f"{path}: {err}") from None
+
+
+def _groups(count: int, size: int | None) -> list[list[int]]:
+    size = size or count
+    return [list(range(i, min(i + size, count))) for i in range(0, count, size)]
+
+
+def node_objects(pool: Pool) -> list[dict[str, Any]]:
+    """The Node objects of one pool, as a real GPU node with GFD and the device plugin (mixed strategy) shows them."""
+    labels = {"type": "kwok", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", POOL_LABEL: pool.name}
+    annotations = {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"}
+    resources: dict[str, str] = {"cpu": pool.cpu, "memory": pool.memory, "pods": str(pool.pods)}
+    if pool.gpu is not None:
+        g = pool.gpu
+        model = g.gpu_model
+        mig_gpus = g.mig_enabled_gpus
+        labels.update({
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": model.product,
+            "nvidia.com/gpu.count": str(g.count),
+            "nvidia.com/gpu.memory": str(g.memory_mib or model.memory_mib),
+            "nvidia.com/gpu.replicas": "1",
+        })
+        if model.mig_capable:
+            labels.update({"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
+                           "nvidia.com/mig.config": g.mig_config_label(), "nvidia.com/mig.config.state": "success"})
+        # Mixed strategy: whole GPUs as nvidia.com/gpu, each MIG instance as nvidia.com/mig-<profile>.
+        resources["nvidia.com/gpu"] = str(g.count - mig_gpus)
+        for profile, per_gpu in g.mig_counts().items():
+            resource = model.mig_profile(profile).resource_name
+            resources[resource] = str(per_gpu * mig_gpus)
+            labels[f"{resource}.count"] = str(per_gpu * mig_gpus)
+        annotations[TOPOLOGY_ANNOTATION] = json.dumps(
+            {"nvlinkDomains": _groups(g.count, g.topology.nvlink_domain),
+             "numaNodes": _groups(g.count, g.topology.numa_node)}, separators=(",", ":"))
+    labels.update(pool.labels)
+    taints = [t.model_dump(exclude_defaults=False) for t in pool.taints]
+    nodes = []
+    for i in range(pool.count):
+        name = f"{pool.name}-{i:04d}"
+        nodes.append({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name},
+                         "annotations": dict(annotations)},
+            "spec": {"providerID": f"kwok://{name}", **({"taints": taints} if taints else {})},
+            "status": {"capacity": dict(resources), "allocatable": dict(resources),
+                       "phase": "Running"},
+        })
+    return nodes
+
+
+def spec_node_objects(spec: PoolSpec) -> list[dict[str, Any]]:
+    return [node for pool in spec.pools for node in node_objects(pool)]

@@ -1,0 +1,1 @@
+"""Pool specs shipped with gpuaas (`gpuaas cluster up --pools NAME`)."""
