@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import yaml
 from kubernetes.utils.quantity import parse_quantity
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from scoring import gpus
@@ -77,19 +77,25 @@ class GpuSpec(_Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        gpus.get_model(value)  # raises UnknownGpuModelError (a KeyError) naming the known models
+        try:
+            gpus.get_model(value)
+        except gpus.UnknownGpuModelError as err:  # a KeyError, which pydantic would not report as a field error
+            raise ValueError(str(err)) from None
+        return value
+
+    @field_validator("mig")
+    @classmethod
+    def _mig_fits(cls, value: str | dict[str, int] | None, info: ValidationInfo) -> str | dict[str, int] | None:
+        if value is not None and "model" in info.data:  # (no model: that error is reported already)
+            gpus.resolve_mig_layout(gpus.get_model(info.data["model"]), value)  # MigLayoutError names why
         return value
 
     @model_validator(mode="after")
-    def _mig_fits(self) -> "GpuSpec":
-        model = gpus.get_model(self.model)
+    def _counts_fit(self) -> "GpuSpec":
         if self.mig_gpus is not None and self.mig_gpus > self.count:
             raise ValueError(f"migGPUs {self.mig_gpus} is more than the node's {self.count} GPUs")
-        if self.mig is None:
-            if self.mig_gpus:
-                raise ValueError("migGPUs is set but mig (the layout) is not")
-            return self
-        gpus.resolve_mig_layout(model, self.mig)  # raises MigLayoutError naming the profile and the model
+        if self.mig is None and self.mig_gpus:
+            raise ValueError("migGPUs is set but mig (the layout) is not")
         for size, what in ((self.topology.nvlink_domain, "nvlinkDomain"), (self.topology.numa_node, "numaNode")):
             if size is not None and self.count % size:
                 raise ValueError(f"topology.{what} {size} does not divide the node's {self.count} GPUs")

@@ -1,0 +1,93 @@
+"""Pool specs: what becomes a node, and what is refused before any process starts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuaas.cluster.pools import PoolSpecError, node_objects, parse_pool_spec
+
+
+def spec(**pool):
+    base = {"name": "p", "count": 2, "gpu": {"model": "A100-80GB", "count": 8}}
+    base.update(pool)
+    return {"pools": [base]}
+
+
+unknown_field = pytest.param(spec(gpus=8), "pools[0].gpus: unknown field", id="unknown-field")
+unknown_nested_field = pytest.param(spec(gpu={"model": "H100-80GB", "count": 8, "nvlink": 4}),
+                                    "pools[0].gpu.nvlink: unknown field", id="unknown-nested-field")
+negative_count = pytest.param(spec(count=-1), "pools[0].count: Input should be greater than or equal to 0",
+                              id="negative-count")
+mig_too_many = pytest.param(spec(gpu={"model": "A100-80GB", "count": 8, "mig": {"3g.40gb": 3}}),
+                            "pools[0].gpu.mig: 3 x 3g.40gb on A100-80GB", id="mig-layout-overflows-gpu")
+mig_wrong_model = pytest.param(spec(gpu={"model": "A100-40GB", "count": 8, "mig": {"1g.20gb": 1}}),
+                               "pools[0].gpu.mig: ", id="mig-profile-of-another-model")
+mig_on_t4 = pytest.param(spec(gpu={"model": "T4", "count": 4, "mig": "all-1g.10gb"}), "pools[0].gpu.mig: ",
+                         id="mig-on-gpu-without-mig")
+unknown_model = pytest.param(spec(gpu={"model": "B999", "count": 8}), "pools[0].gpu.model: unknown GPU model 'B999'",
+                             id="unknown-model")
+bad_quantity = pytest.param(spec(memory="lots"), "pools[0].memory: 'lots' is not a positive Kubernetes quantity",
+                            id="bad-quantity")
+duplicate = pytest.param({"pools": [{"name": "p", "count": 1}, {"name": "p", "count": 1}]},
+                         "pool name 'p' is used twice", id="duplicate-pool")
+
+
+@pytest.mark.parametrize("data,message", [unknown_field, unknown_nested_field, negative_count, mig_too_many,
+                                          mig_wrong_model, mig_on_t4, unknown_model, bad_quantity, duplicate])
+def test_broken_spec_is_refused_naming_the_field(data, message):
+    with pytest.raises(PoolSpecError) as err:
+        parse_pool_spec(data)
+    assert message in str(err.value)
+
+
+def test_mig_errors_say_why():
+    with pytest.raises(PoolSpecError, match="3g.40gb"):
+        parse_pool_spec(spec(gpu={"model": "A100-80GB", "count": 8, "mig": {"3g.40gb": 3}}))
+    with pytest.raises(PoolSpecError, match="A100-40GB"):
+        parse_pool_spec(spec(gpu={"model": "A100-40GB", "count": 8, "mig": {"1g.20gb": 1}}))
+
+
+def test_whole_gpu_node_objects():
+    pool = parse_pool_spec(spec(count=2, labels={"team": "ml"},
+                                taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}],
+                                gpu={"model": "H100-80GB", "count": 8,
+                                     "topology": {"nvlinkDomain": 8, "numaNode": 4}})).pools[0]
+    nodes = node_objects(pool)
+    assert [n["metadata"]["name"] for n in nodes] == ["p-0000", "p-0001"]
+    node = nodes[0]
+    labels = node["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["nvidia.com/gpu.count"] == "8" and labels["team"] == "ml"
+    assert labels["nvidia.com/mig.config"] == "all-disabled"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert not any(k.startswith("nvidia.com/mig-") for k in node["status"]["allocatable"])
+    assert node["spec"]["taints"] == [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    topo = json.loads(node["metadata"]["annotations"]["gpuaas.io/gpu-topology"])
+    assert topo == {"nvlinkDomains": [list(range(8))], "numaNodes": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+
+
+def test_mixed_strategy_mig_node_objects():
+    # all-balanced on an 80 GB A100 is 2 x 1g.10gb + 1 x 2g.20gb + 1 x 3g.40gb per GPU; 6 of 8 GPUs in MIG mode.
+    pool = parse_pool_spec(spec(gpu={"model": "A100-80GB", "count": 8, "mig": "all-balanced", "migGPUs": 6})).pools[0]
+    alloc = node_objects(pool)[0]["status"]["allocatable"]
+    assert alloc["nvidia.com/gpu"] == "2"
+    assert alloc["nvidia.com/mig-1g.10gb"] == "12"
+    assert alloc["nvidia.com/mig-2g.20gb"] == "6"
+    assert alloc["nvidia.com/mig-3g.40gb"] == "6"
+    labels = node_objects(pool)[0]["metadata"]["labels"]
+    assert labels["nvidia.com/mig-1g.10gb.count"] == "12" and labels["nvidia.com/mig.strategy"] == "mixed"
+
+
+def test_custom_mig_layout_is_spelled_out_in_the_config_label():
+    pool = parse_pool_spec(spec(gpu={"model": "H100-80GB", "count": 4, "mig": {"3g.40gb": 1, "1g.10gb": 4}})).pools[0]
+    node = node_objects(pool)[0]
+    assert node["metadata"]["labels"]["nvidia.com/mig.config"] == "custom-4x1g.10gb-1x3g.40gb"
+    assert node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "16"
+
+
+def test_cpu_only_pool():
+    node = node_objects(parse_pool_spec({"pools": [{"name": "cpu", "count": 1, "cpu": 32}]}).pools[0])[0]
+    assert node["status"]["allocatable"]["cpu"] == "32"
+    assert "nvidia.com/gpu" not in node["status"]["allocatable"]
