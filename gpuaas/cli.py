@@ -10,6 +10,7 @@ import sys
 
 # Modules that contribute a verb, in the order `gpuaas --help` lists them.
 VERB_MODULES = (
+    "gpuaas.demo",
     "gpuaas.cluster.cli",
     "gpuaas.simulate.cli",
 )
