@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the tests and the demo need, idempotently, cached outside the repo:
-#   $GPUAAS_CACHE (default ~/.cache/gpuaas)/venv          Python environment with gpuaas installed (editable)
+#   $GPUAAS_CACHE (default ~/.cache/gpuaas)/venv          Python environment with gpuaas's dependencies
 #   $GPUAAS_CACHE/kube-<version>/                          kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   $GPUAAS_CACHE/kwok-<version>/kwok, etcd-<version>/etcd  built from the Go module proxy
 #   prometheus                                             Debian package
@@ -72,15 +72,17 @@ deps_stamp="$venv/.gpuaas-deps"
 deps_hash=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)
 if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
   log "installing Python dependencies"
-  "$venv/bin/pip" install -q --upgrade pip setuptools wheel >&2
-  "$venv/bin/pip" install -q "$repo[test]" >&2    # resolves and installs every dependency of the project
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  # Only the dependencies: the venv is shared by every checkout (CI clones afresh), so gpuaas itself runs from the
+  # checkout through PYTHONPATH (bin/gpuaas, bin/test) instead of being installed into it.
+  "$venv/bin/python" - "$repo/pyproject.toml" > "$venv/requirements.txt" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + [d for ds in project.get("optional-dependencies", {}).values() for d in ds]))
+PY
+  "$venv/bin/pip" install -q -r "$venv/requirements.txt" >&2
+  "$venv/bin/pip" uninstall -q -y gpuaas >/dev/null 2>&1 || true   # an install left by an earlier layout
   echo "$deps_hash" > "$deps_stamp"
-  rm -f "$venv/.gpuaas-src"
-fi
-# The venv outlives any one checkout (CI clones afresh): point the editable install at this one.
-if [ "$(cat "$venv/.gpuaas-src" 2>/dev/null)" != "$repo" ]; then
-  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$repo" >&2
-  echo "$repo" > "$venv/.gpuaas-src"
 fi
 
 # The harness finds the binaries through this file.
