@@ -1,0 +1,157 @@
+"""GPU fragmentation as FGD defines it (Weng et al., ATC'23), vectorised over nodes.
+
+A workload is a set of typical pod shapes m with popularity p_m. A node's fragmentation is the GPU share (thousandths)
+that the workload is expected to be unable to use there:
+
+    F_n = sum_m p_m * F_n(m),  F_n(m) = idle_n                        if m cannot run on n (CPU, GPU, model, CPU-only m)
+                                     = sum of free share on GPUs
+                                       with less free than m needs    if m fits
+
+Rewritten so that it is array work: F_n = idle_n - sum_m p_m * fits_m(n) * usable_m(n), where usable_m(n) is the free
+share on GPUs with at least m's per-GPU share. Counts and sums per (node, shape) are cached and only the rows of nodes
+that changed are recomputed.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from scoring.model import MILLI, ClusterState, PodDemand
+
+# kube-scheduler counts a container without a CPU request as 100m when it ranks nodes (GetNonzeroRequests); FGD's
+# typical pods inherit that.
+DEFAULT_MILLI_CPU_REQUEST = 100
+POPULARITY_THRESHOLD = 0.95  # FGD's podPopularityThreshold: 95 (generate_config_and_run.py)
+
+
+@dataclass(frozen=True)
+class Shape:
+    cpu_milli: int
+    gpu_milli: int  # per GPU; 0 for CPU-only shapes
+    gpus: int
+    allowed_models: frozenset[str]
+
+    @staticmethod
+    def of(pod: PodDemand) -> "Shape":
+        cpu = pod.cpu_milli if pod.cpu_milli > 0 else DEFAULT_MILLI_CPU_REQUEST
+        return Shape(cpu, pod.gpu_milli if pod.gpus else 0, pod.gpus, pod.allowed_models)
+
+    def sort_key(self) -> tuple:
+        # The simulator's PodResource.Less order (cpu, milli, count, model string).
+        return (self.cpu_milli, self.gpu_milli, self.gpus, "|".join(sorted(self.allowed_models)))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Typical pod shapes and their popularity (sums to 1)."""
+
+    shapes: tuple[Shape, ...]
+    popularity: np.ndarray
+
+    @staticmethod
+    def typical(pods: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD) -> "Workload":
+        """FGD's GetTypicalPods: most frequent shapes, added one at a time until they cover `threshold` of pods,
+        popularity renormalised over the kept shapes. Equal counts are ordered as the simulator orders them."""
+        counts = Counter(Shape.of(p) for p in pods)
+        if not counts:
+            raise ValueError("cannot derive typical pods from an empty workload")
+        total = sum(counts.values())
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True)
+        kept, cum = [], 0
+        for shape, n in ranked:
+            if cum >= threshold * total:
+                break
+            kept.append((shape, n))
+            cum += n
+        pop = np.array([n for _, n in kept], dtype=np.float64) / cum
+        return Workload(tuple(s for s, _ in kept), pop)
+
+    @staticmethod
+    def of_shapes(shapes_and_weights: Iterable[tuple[Shape, float]]) -> "Workload":
+        items = list(shapes_and_weights)
+        w = np.array([x for _, x in items], dtype=np.float64)
+        return Workload(tuple(s for s, _ in items), w / w.sum())
+
+
+class FragmentationIndex:
+    """Cached per-(node, shape) statistics of one ClusterState for one Workload.
+
+    After changing node i in the state, call `refresh([i])`.
+    """
+
+    def __init__(self, state: ClusterState, workload: Workload):
+        self.state = state
+        self.workload = workload
+        shapes = workload.shapes
+        self.p = workload.popularity
+        self.cpu = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
+        # CPU-only shapes never "fit" a GPU: give them an impossible per-GPU share so they count all idle GPU.
+        self.milli = np.array([s.gpu_milli if s.gpu_milli > 0 else MILLI + 1 for s in shapes], dtype=np.int64)
+        self.num = np.array([s.gpus for s in shapes], dtype=np.int64)
+        acc = np.ones((len(state), len(shapes)), dtype=bool)
+        for m, s in enumerate(shapes):
+            if s.allowed_models:
+                acc[:, m] = state.model_allowed(PodDemand(gpus=1, gpu_milli=1, allowed_models=s.allowed_models))
+        acc[:, self.milli > MILLI] = False
+        self.acc = acc
+        n = len(state)
+        self.count = np.zeros((n, len(shapes)), dtype=np.int64)
+        self.usable = np.zeros((n, len(shapes)), dtype=np.int64)
+        self.idle = np.zeros(n, dtype=np.int64)
+        self.frag = np.zeros(n, dtype=np.float64)
+        self.refresh(np.arange(n))
+
+    def refresh(self, rows) -> None:
+        rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
+        left = self.state.gpu_left[rows]
+        ge = left[:, :, None] >= self.milli[None, None, :]
+        self.count[rows] = ge.sum(axis=1)
+        self.usable[rows] = (left[:, :, None] * ge).sum(axis=1)
+        self.idle[rows] = left.sum(axis=1)
+        self.frag[rows] = self._frag(self.idle[rows], self.count[rows], self.usable[rows],
+                                     self.state.cpu_left[rows], self.acc[rows])
+
+    def _frag(self, idle, count, usable, cpu_left, acc) -> np.ndarray:
+        fits = acc & (count >= self.num) & (cpu_left[..., None] >= self.cpu)
+        return idle - (fits * usable) @ self.p
+
+    # -- what-if ---------------------------------------------------------------------------------------------------
+
+    def frag_after_whole(self, rows: np.ndarray, pod: PodDemand) -> np.ndarray:
+        """F of each node in `rows` after placing a pod that takes `pod.gpus` fully free GPUs (or none)."""
+        k = pod.gpus
+        # A fully free GPU has enough share for every shape, so it left every shape's count and usable sum.
+        return self._frag(self.idle[rows] - MILLI * k, self.count[rows] - k, self.usable[rows] - MILLI * k,
+                          self.state.cpu_left[rows] - pod.cpu_milli, self.acc[rows])
+
+    def share_candidates(self, rows: np.ndarray, pod: PodDemand) -> tuple[np.ndarray, np.ndarray]:
+        """(row position, gpu) pairs where a GPU share fits, one per distinct free amount on a node (lowest index)."""
+        left = self.state.gpu_left[rows]
+        ok = left >= pod.gpu_milli
+        g = left.shape[1]
+        same = left[:, :, None] == left[:, None, :]
+        earlier = np.tril(np.ones((g, g), dtype=bool), k=-1)  # [g, g'] with g' < g
+        dup = (same & earlier[None]).any(axis=2)
+        pos, gpu = np.nonzero(ok & ~dup)
+        return pos, gpu
+
+    def frag_after_share(self, rows: np.ndarray, gpu: np.ndarray, pod: PodDemand) -> np.ndarray:
+        """F after taking `pod.gpu_milli` from GPU `gpu[i]` of node `rows[i]` (rows may repeat)."""
+        r = pod.gpu_milli
+        before = self.state.gpu_left[rows, gpu]
+        after = before - r
+        a = before[:, None] >= self.milli[None, :]
+        b = after[:, None] >= self.milli[None, :]
+        count = self.count[rows] - a + b
+        usable = self.usable[rows] - before[:, None] * a + after[:, None] * b
+        return self._frag(self.idle[rows] - r, count, usable, self.state.cpu_left[rows] - pod.cpu_milli,
+                          self.acc[rows])
+
+    # -- cluster metrics -------------------------------------------------------------------------------------------
+
+    def cluster_fragmentation(self) -> tuple[float, float]:
+        """(fragmented thousandths, idle thousandths) over the cluster."""
+        return float(self.frag.sum()), float(self.idle.sum())

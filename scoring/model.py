@@ -1,0 +1,268 @@
+"""The cluster model every gpuaas decision reads: nodes, their GPUs, and pod demands.
+
+One model for the extender, the autoscaler's what-if and the packing simulator. Node state is kept column-wise in numpy
+arrays (one row per node, one column per GPU slot) so that scoring a pod against every node is array work.
+
+Units: CPU in millicores, memory in MiB, GPU share in thousandths of a GPU ("milli": 1000 = one whole GPU). A GPU's
+MIG state is the 8-bit mask of memory slices in use (scoring.gpus). A GPU's `block` is its NVLink/NUMA group on the
+node: GPUs in the same block talk over NVLink or at least share a CPU socket.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scoring.gpus import GpuModel, MigLayoutError, get_model, layout_mask, resolve_mig_layout
+
+MILLI = 1000
+MAX_GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node as provisioned: capacity, GPU model, per-GPU NVLink/NUMA block and MIG layout."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int = 0
+    gpu_model: str = ""  # catalog name (scoring.gpus); "" for CPU-only nodes
+    # Block id per GPU (same id = same NVLink/NUMA island). Default: one block per 4 GPUs (2 x 4 on 8-GPU boards).
+    gpu_blocks: tuple[int, ...] | None = None
+    # MIG layout per GPU as {profile: count}; None = MIG disabled on every GPU.
+    mig_layouts: tuple[dict[str, int] | None, ...] | None = None
+    node_group: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.gpus > MAX_GPUS_PER_NODE:
+            raise ValueError(f"node {self.name}: gpus must be 0..{MAX_GPUS_PER_NODE}, got {self.gpus}")
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(f"node {self.name}: negative capacity")
+        if self.gpu_blocks is not None and len(self.gpu_blocks) != self.gpus:
+            raise ValueError(f"node {self.name}: {len(self.gpu_blocks)} gpu_blocks for {self.gpus} GPUs")
+
+
+@dataclass(frozen=True)
+class PodDemand:
+    """What one pod asks for.
+
+    gpus: whole GPUs, or 1 with gpu_milli < 1000 for a share of one GPU (time-slicing / fractional), or 1 with a
+    mig_profile for one MIG instance. allowed_models: catalog names the pod may run on; empty = any.
+    """
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+    gpu_milli: int = 0  # per GPU; 1000 for whole GPUs
+    mig_profile: str = ""
+    allowed_models: frozenset[str] = field(default_factory=frozenset)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(f"pod {self.name}: negative request")
+        if self.gpus and not self.mig_profile and not 0 < self.gpu_milli <= MILLI:
+            raise ValueError(f"pod {self.name}: gpu_milli must be in 1..1000 when gpus > 0, got {self.gpu_milli}")
+        if self.gpu_milli < MILLI and self.gpus > 1:
+            raise ValueError(f"pod {self.name}: a GPU share (gpu_milli < 1000) is for one GPU, got gpus={self.gpus}")
+        if self.mig_profile and self.gpus != 1:
+            raise ValueError(f"pod {self.name}: a MIG profile request takes exactly one instance")
+
+    @property
+    def is_share(self) -> bool:
+        return self.gpus == 1 and self.gpu_milli < MILLI and not self.mig_profile
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """GPU demand in thousandths, as the FGD protocol counts it (MIG: compute slices / 7)."""
+        return self.gpus * self.gpu_milli
+
+
+class ClusterState:
+    """Mutable, column-wise cluster state. Rows are nodes; GPU columns beyond a node's count are padding.
+
+    Arrays (N nodes, G = MAX_GPUS_PER_NODE):
+      cpu_cap, cpu_left, mem_cap, mem_left   int64[N]
+      gpu_count                              int64[N]
+      model_idx                              int64[N]   index into `models` (-1 for CPU nodes)
+      gpu_left                               int64[N,G] thousandths free per GPU (0 for padding and MIG GPUs)
+      gpu_exists                             bool[N,G]
+      mig_enabled                            bool[N,G]
+      mig_mask                               uint8[N,G] memory slices in use by *allocated* MIG instances
+      mig_free                               int64[N,G,P] free instances per profile column (see mig_profiles)
+      block                                  int64[N,G] NVLink/NUMA block id
+    """
+
+    def __init__(self, nodes: Sequence[NodeSpec]):
+        self.nodes = list(nodes)
+        n = len(self.nodes)
+        g = MAX_GPUS_PER_NODE
+        self.names = [x.name for x in self.nodes]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        if len(self.index) != n:
+            raise ValueError("duplicate node names")
+        model_names = sorted({x.gpu_model for x in self.nodes if x.gpus})
+        self.models: list[GpuModel] = [get_model(m) for m in model_names]
+        self.model_names = [m.name for m in self.models]
+        self.model_pos = {m: i for i, m in enumerate(self.model_names)}
+        # MIG profile columns: union of profile names over models present.
+        self.mig_profiles: list[str] = sorted({p for m in self.models for p in m.mig_profiles})
+        self.mig_pos = {p: i for i, p in enumerate(self.mig_profiles)}
+
+        self.cpu_cap = np.array([x.cpu_milli for x in self.nodes], dtype=np.int64)
+        self.mem_cap = np.array([x.memory_mib for x in self.nodes], dtype=np.int64)
+        self.cpu_left = self.cpu_cap.copy()
+        self.mem_left = self.mem_cap.copy()
+        self.gpu_count = np.array([x.gpus for x in self.nodes], dtype=np.int64)
+        self.model_idx = np.array(
+            [self.model_pos[get_model(x.gpu_model).name] if x.gpus else -1 for x in self.nodes], dtype=np.int64)
+        self.gpu_exists = np.arange(g)[None, :] < self.gpu_count[:, None]
+        self.gpu_left = np.where(self.gpu_exists, MILLI, 0).astype(np.int64)
+        self.mig_enabled = np.zeros((n, g), dtype=bool)
+        self.mig_mask = np.zeros((n, g), dtype=np.uint8)
+        self.mig_free = np.zeros((n, g, max(1, len(self.mig_profiles))), dtype=np.int64)
+        # Configured instances per GPU: list of (profile, start, size, allocated?) kept per (node, gpu).
+        self.mig_instances: dict[tuple[int, int], list[list]] = {}
+        self.block = np.zeros((n, g), dtype=np.int64)
+        for i, spec in enumerate(self.nodes):
+            blocks = spec.gpu_blocks if spec.gpu_blocks is not None else default_blocks(spec.gpus)
+            self.block[i, : spec.gpus] = blocks
+            if spec.mig_layouts:
+                for gi, layout in enumerate(spec.mig_layouts):
+                    if layout is not None:
+                        self.set_mig_layout(i, gi, layout)
+        self.pods_on: list[list[tuple[PodDemand, tuple[int, ...]]]] = [[] for _ in range(n)]
+        self.version = 0  # bumped on every change, lets callers cache per-state work
+
+    # -- queries ---------------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return int(self.gpu_count.sum()) * MILLI
+
+    @property
+    def used_gpu_milli(self) -> int:
+        """Allocated GPU share in thousandths (a MIG instance counts compute_slices/7 of its GPU)."""
+        return self.total_gpu_milli - int(self.gpu_idle_milli().sum())
+
+    def gpu_idle_milli(self) -> np.ndarray:
+        """Idle thousandths per node, counting free MIG compute slices on MIG GPUs."""
+        idle = self.gpu_left.sum(axis=1)
+        if self.mig_enabled.any():
+            idle = idle + self._mig_idle_milli().sum(axis=1)
+        return idle
+
+    def _mig_idle_milli(self) -> np.ndarray:
+        out = np.zeros(self.gpu_left.shape, dtype=np.int64)
+        for (i, gi), insts in self.mig_instances.items():
+            used = sum(self.models[self.model_idx[i]].mig_profiles[p].compute_slices for p, _, _, alloc in insts if alloc)
+            out[i, gi] = (MILLI * (7 - used)) // 7
+        return out
+
+    def model_allowed(self, pod: PodDemand) -> np.ndarray:
+        """bool[N]: node's GPU model is one the pod accepts (always True for pods without a model constraint)."""
+        if not pod.allowed_models:
+            return np.ones(len(self), dtype=bool)
+        ok_models = np.array([m in pod.allowed_models for m in self.model_names] + [False], dtype=bool)
+        return ok_models[self.model_idx]  # -1 indexes the trailing False (CPU nodes)
+
+    # -- changes ---------------------------------------------------------------------------------------------------
+
+    def set_mig_layout(self, node: int, gpu: int, layout: str | dict[str, int]) -> None:
+        """Partition one idle GPU (or disable MIG with 'all-disabled'/{}); raises MigLayoutError if impossible."""
+        model = self.models[self.model_idx[node]] if self.gpu_count[node] else None
+        if model is None or gpu >= self.gpu_count[node]:
+            raise MigLayoutError(f"node {self.names[node]} has no GPU {gpu}")
+        insts = self.mig_instances.get((node, gpu))
+        busy = self.gpu_left[node, gpu] < MILLI and not self.mig_enabled[node, gpu]
+        if busy or (insts and any(a for *_, a in insts)):
+            raise MigLayoutError(f"GPU {gpu} on {self.names[node]} is in use; repartition needs an idle GPU")
+        placements = resolve_mig_layout(model, layout)
+        disabled = layout == "all-disabled" or (not isinstance(layout, str) and not any(dict(layout).values()))
+        self.mig_free[node, gpu, :] = 0
+        self.mig_mask[node, gpu] = 0
+        if disabled and not placements:
+            self.mig_enabled[node, gpu] = False
+            self.mig_instances.pop((node, gpu), None)
+            self.gpu_left[node, gpu] = MILLI
+        else:
+            self.mig_enabled[node, gpu] = True
+            self.gpu_left[node, gpu] = 0
+            self.mig_instances[(node, gpu)] = [[p.profile, p.start, p.size, False] for p in placements]
+            for p in placements:
+                self.mig_free[node, gpu, self.mig_pos[p.profile]] += 1
+        self.version += 1
+
+    def place(self, node: int, pod: PodDemand, gpus: Sequence[int] = ()) -> None:
+        """Bind a pod to a node and the given GPU indices (what the extender records in gpuaas.io/devices)."""
+        self.cpu_left[node] -= pod.cpu_milli
+        self.mem_left[node] -= pod.memory_mib
+        if pod.mig_profile:
+            (gi,) = gpus
+            insts = self.mig_instances[(node, gi)]
+            for inst in insts:
+                if inst[0] == pod.mig_profile and not inst[3]:
+                    inst[3] = True
+                    self.mig_mask[node, gi] |= ((1 << inst[2]) - 1) << inst[1]
+                    self.mig_free[node, gi, self.mig_pos[pod.mig_profile]] -= 1
+                    break
+            else:
+                raise MigLayoutError(f"no free {pod.mig_profile} instance on GPU {gi} of {self.names[node]}")
+        elif pod.gpus:
+            if len(gpus) != pod.gpus:
+                raise ValueError(f"pod {pod.name}: {len(gpus)} devices for {pod.gpus} GPUs")
+            for gi in gpus:
+                self.gpu_left[node, gi] -= pod.gpu_milli
+            if (self.gpu_left[node] < 0).any():
+                raise ValueError(f"pod {pod.name}: GPU over-commit on {self.names[node]}")
+        self.pods_on[node].append((pod, tuple(gpus)))
+        self.version += 1
+
+    def remove(self, node: int, pod: PodDemand, gpus: Sequence[int] = ()) -> None:
+        """Undo `place` (pod departure, or a what-if revert)."""
+        self.cpu_left[node] += pod.cpu_milli
+        self.mem_left[node] += pod.memory_mib
+        if pod.mig_profile:
+            (gi,) = gpus
+            for inst in self.mig_instances[(node, gi)]:
+                if inst[0] == pod.mig_profile and inst[3]:
+                    inst[3] = False
+                    self.mig_mask[node, gi] &= ~np.uint8((((1 << inst[2]) - 1) << inst[1]) & 0xFF)
+                    self.mig_free[node, gi, self.mig_pos[pod.mig_profile]] += 1
+                    break
+        else:
+            for gi in gpus:
+                self.gpu_left[node, gi] += pod.gpu_milli
+        entry = (pod, tuple(gpus))
+        self.pods_on[node].remove(entry)
+        self.version += 1
+
+    def copy(self) -> "ClusterState":
+        """An independent snapshot (what-if simulation forks the state, then throws it away)."""
+        other = object.__new__(ClusterState)
+        for k, v in self.__dict__.items():
+            if isinstance(v, np.ndarray):
+                setattr(other, k, v.copy())
+            elif k == "mig_instances":
+                setattr(other, k, {key: [list(x) for x in insts] for key, insts in v.items()})
+            elif k == "pods_on":
+                setattr(other, k, [list(x) for x in v])
+            else:
+                setattr(other, k, v)
+        return other
+
+
+def default_blocks(gpus: int) -> tuple[int, ...]:
+    """NVLink/NUMA block per GPU when the node does not say: 8-GPU boards are two 4-GPU halves, smaller boards one."""
+    if gpus >= 8:
+        return tuple(i // 4 for i in range(gpus))
+    return (0,) * gpus
+
+
+def mig_layout_masks(model: GpuModel, layouts: Iterable[dict[str, int]]) -> list[int]:
+    return [layout_mask(resolve_mig_layout(model, lay)) for lay in layouts]

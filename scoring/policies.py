@@ -1,0 +1,311 @@
+"""Placement policies behind one small interface, kube-scheduler style: Filter, Score, NormalizeScore, then devices.
+
+    feasible(state, pod)                  -> bool[N]                  (shared by every policy)
+    policy.score(state, pod, feasible)    -> float[N] (higher better; only feasible entries are meaningful)
+    policy.devices(state, pod, node)      -> GPU indices on the chosen node
+    normalize(scores, feasible)           -> int[N] in 0..MAX_EXTENDER_PRIORITY (what the HTTP extender returns)
+    select_node(scores, feasible, rank)   -> node index, ties to the lowest rank (a per-cluster random node order)
+
+Policies are registered by name (POLICIES) and built with `make_policy(name, state, workload)`.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from scoring.fragmentation import FragmentationIndex, Workload
+from scoring.model import MILLI, ClusterState, PodDemand
+
+MAX_NODE_SCORE = 100  # kube-scheduler framework.MaxNodeScore
+MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority
+MAX_SPEC_CPU = 128_000  # FGD simulator's normalisers (open-gpu-share/utils/const.go)
+MAX_SPEC_GPU = 8_000
+
+
+# -- Filter -----------------------------------------------------------------------------------------------------------
+
+def feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
+    """bool[N]: the pod fits on the node now (CPU, memory, GPU model, GPUs/share/MIG instance)."""
+    ok = (state.cpu_left >= pod.cpu_milli) & (state.mem_left >= pod.memory_mib)
+    if pod.gpus == 0:
+        return ok
+    ok &= state.model_allowed(pod)
+    if pod.mig_profile:
+        col = state.mig_pos.get(pod.mig_profile)
+        if col is None:
+            return np.zeros(len(state), dtype=bool)
+        return ok & (state.mig_free[:, :, col] > 0).any(axis=1)
+    if pod.gpu_milli < MILLI:
+        return ok & (state.gpu_left >= pod.gpu_milli).any(axis=1)
+    return ok & ((state.gpu_left == MILLI).sum(axis=1) >= pod.gpus)
+
+
+def infeasible_reason(state: ClusterState, pod: PodDemand, node: int) -> str | None:
+    """Why the pod does not fit on one node (None if it does); the extender's FailedNodes message."""
+    if state.cpu_left[node] < pod.cpu_milli:
+        return f"insufficient cpu: {state.cpu_left[node]}m free, {pod.cpu_milli}m requested"
+    if state.mem_left[node] < pod.memory_mib:
+        return f"insufficient memory: {state.mem_left[node]}Mi free, {pod.memory_mib}Mi requested"
+    if pod.gpus == 0:
+        return None
+    if state.gpu_count[node] == 0:
+        return "node has no GPUs"
+    if not state.model_allowed(pod)[node]:
+        model = state.model_names[state.model_idx[node]]
+        return f"GPU model {model} not in {sorted(pod.allowed_models)}"
+    if pod.mig_profile:
+        col = state.mig_pos.get(pod.mig_profile)
+        if col is None or not (state.mig_free[node, :, col] > 0).any():
+            return f"no free MIG instance {pod.mig_profile}"
+        return None
+    if pod.gpu_milli < MILLI:
+        if not (state.gpu_left[node] >= pod.gpu_milli).any():
+            return f"no GPU with {pod.gpu_milli}/1000 free (most free: {int(state.gpu_left[node].max())})"
+        return None
+    free = int((state.gpu_left[node] == MILLI).sum())
+    if free < pod.gpus:
+        return f"insufficient whole GPUs: {free} free, {pod.gpus} requested"
+    return None
+
+
+# -- Score helpers ------------------------------------------------------------------------------------------------------
+
+def normalize(scores: np.ndarray, mask: np.ndarray, top: int = MAX_EXTENDER_PRIORITY) -> np.ndarray:
+    """Min-max rescale the feasible entries onto 0..top (integers); infeasible entries get 0."""
+    out = np.zeros(scores.shape, dtype=np.int64)
+    if not mask.any():
+        return out
+    s = scores[mask]
+    lo, hi = float(s.min()), float(s.max())
+    if hi == lo:
+        out[mask] = top
+        return out
+    out[mask] = np.floor((s - lo) * top / (hi - lo)).astype(np.int64)
+    return out
+
+
+def select_node(scores: np.ndarray, mask: np.ndarray, tie_rank: np.ndarray) -> int:
+    """Highest score among feasible nodes; ties go to the lowest `tie_rank` (-1 if no node is feasible).
+
+    The FGD simulator's scheduler breaks ties by the smallest node name, and names carry a per-seed random prefix: a
+    fixed random order of nodes. That consistency packs ties onto the same nodes (and keeps others idle), which random
+    per-pod tie-breaking would not, so it is kept as the rule; pass a random permutation for that behaviour."""
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
+        return -1
+    s = scores[idx]
+    best = idx[s == s.max()]
+    return int(best[0]) if best.size == 1 else int(best[np.argmin(tie_rank[best])])
+
+
+def first_free_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
+    """The first k fully free GPUs by index (the simulator's AllocateExclusiveGpuId and the device plugin default)."""
+    free = np.flatnonzero(state.gpu_left[node] == MILLI)
+    return tuple(int(g) for g in free[:k])
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class Policy(Protocol):
+    """Score nodes for a pod and pick devices on the chosen node. Implementations keep their own caches in step with
+    the state through `observe(node)`, which the caller invokes after every change to that node."""
+
+    name: str
+
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray: ...
+
+    def devices(self, state: ClusterState, pod: PodDemand, node: int) -> tuple[int, ...]: ...
+
+    def observe(self, node: int) -> None: ...
+
+
+class _Base:
+    name = "base"
+
+    def __init__(self, state: ClusterState, workload: Workload | None = None, rng: np.random.Generator | None = None):
+        self.state = state
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+
+    def observe(self, node: int) -> None:
+        pass
+
+    def devices(self, state: ClusterState, pod: PodDemand, node: int) -> tuple[int, ...]:
+        if pod.gpus == 0:
+            return ()
+        if pod.mig_profile:
+            return (mig_gpu_first_fit(state, pod, node),)
+        if pod.is_share:
+            return (self.share_gpu(state, pod, node),)
+        return first_free_gpus(state, node, pod.gpus)
+
+    def share_gpu(self, state: ClusterState, pod: PodDemand, node: int) -> int:
+        """Best fit: the GPU with the least free share that still fits, lowest index on ties."""
+        left = state.gpu_left[node]
+        ok = left >= pod.gpu_milli
+        return int(np.flatnonzero(ok)[np.argmin(left[ok])])
+
+
+def mig_gpu_first_fit(state: ClusterState, pod: PodDemand, node: int) -> int:
+    col = state.mig_pos[pod.mig_profile]
+    return int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0])
+
+
+# -- Baselines ----------------------------------------------------------------------------------------------------------
+
+class RandomPolicy(_Base):
+    """Any feasible node, uniformly; for a GPU share, any GPU with room, uniformly (FGD's 01-Random, gpusel=random)."""
+
+    name = "random"
+
+    def score(self, state, pod, mask):
+        out = np.zeros(len(state))
+        idx = np.flatnonzero(mask)
+        if idx.size:
+            out[idx[self.rng.integers(idx.size)]] = MAX_NODE_SCORE  # RandomScore's PreScore pick
+        return out
+
+    def share_gpu(self, state, pod, node):
+        return int(self.rng.choice(np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)))
+
+
+class LeastAllocatedPolicy(_Base):
+    """kube-scheduler's default NodeResourcesLeastAllocated (CPU and memory, equal weights), 0..100."""
+
+    name = "least-allocated"
+
+    def score(self, state, pod, mask):
+        return (least_allocated(state.cpu_left - pod.cpu_milli, state.cpu_cap)
+                + least_allocated(state.mem_left - pod.memory_mib, state.mem_cap)) // 2
+
+
+def least_allocated(free_after: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """(capacity - requested) * 100 / capacity per node, 0 where capacity is 0 or the request exceeds it."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where((capacity > 0) & (free_after >= 0), free_after * MAX_NODE_SCORE // np.maximum(capacity, 1), 0)
+    return s.astype(np.int64)
+
+
+class BestFitPolicy(_Base):
+    """FGD's 05-BestFit: 100 * (1 - sum over CPU, GPU of 0.5 * (free - request) / maxSpec), truncated to an integer and
+    min-max normalised over feasible nodes with integer division, as the simulator does."""
+
+    name = "bestfit"
+
+    def score(self, state, pod, mask):
+        cpu_free = (state.cpu_left - pod.cpu_milli) / MAX_SPEC_CPU
+        gpu_free = (state.gpu_left.sum(axis=1) - pod.total_gpu_milli) / MAX_SPEC_GPU
+        raw = np.trunc((1.0 - (0.5 * cpu_free + 0.5 * gpu_free)) * MAX_NODE_SCORE).astype(np.int64)
+        out = np.zeros(len(state), dtype=np.int64)
+        if not mask.any():
+            return out
+        s = raw[mask]
+        lo, hi = int(s.min()), int(s.max())
+        out[mask] = 0 if hi == lo else (s - lo) * MAX_NODE_SCORE // (hi - lo)
+        return out
+
+
+class FgdPolicy(_Base):
+    """Fragmentation Gradient Descent as the authors' simulator implements it (fgd_score.go):
+    score = int(sigmoid((F_before - F_after) / 1000) * 100); for a GPU share every GPU with room is tried and the best
+    one is both the node's score and the GPU used (lowest index on ties); whole GPUs take the first free ones."""
+
+    name = "fgd"
+
+    def __init__(self, state, workload=None, rng=None):
+        super().__init__(state, workload, rng)
+        if workload is None:
+            raise ValueError("FGD needs a workload (typical pods)")
+        self.index = FragmentationIndex(state, workload)
+
+    def observe(self, node):
+        self.index.refresh([node])
+
+    def _int_score(self, delta):
+        return np.trunc(sigmoid(delta / 1000.0) * MAX_NODE_SCORE)
+
+    def score(self, state, pod, mask):
+        out = np.zeros(len(state))
+        rows = np.flatnonzero(mask)
+        if rows.size == 0:
+            return out
+        fx = self.index
+        if pod.is_share:
+            pos, gpu = fx.share_candidates(rows, pod)
+            cand_rows = rows[pos]
+            s = self._int_score(fx.frag[cand_rows] - fx.frag_after_share(cand_rows, gpu, pod))
+            best = np.full(len(state), -np.inf)
+            np.maximum.at(best, cand_rows, s)
+            out[rows] = best[rows]
+        else:
+            out[rows] = self._int_score(fx.frag[rows] - fx.frag_after_whole(rows, pod))
+        return out
+
+    def share_gpu(self, state, pod, node):
+        fx = self.index
+        gpus = np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)
+        rows = np.full(gpus.size, node)
+        s = self._int_score(fx.frag[rows] - fx.frag_after_share(rows, gpus, pod))
+        return int(gpus[np.argmax(s)])  # argmax keeps the lowest index among equal scores
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    RandomPolicy.name: RandomPolicy,
+    LeastAllocatedPolicy.name: LeastAllocatedPolicy,
+    BestFitPolicy.name: BestFitPolicy,
+    FgdPolicy.name: FgdPolicy,
+}
+
+
+def register_policy(name: str, factory: Callable[..., Policy]) -> None:
+    if name in POLICIES:
+        raise ValueError(f"policy {name!r} already registered")
+    POLICIES[name] = factory
+
+
+def make_policy(name: str, state: ClusterState, workload: Workload | None = None,
+                rng: np.random.Generator | None = None) -> Policy:
+    try:
+        factory = POLICIES[name.lower()]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return factory(state, workload, rng)
+
+
+class GpuaasPolicy(FgdPolicy):
+    """Ours (experimental knobs while tuning)."""
+
+    name = "gpuaas"
+
+    def __init__(self, state, workload=None, rng=None, *, truncate=True, scale=1000.0, pack=0.0, packmode="gpu",
+                 order=None):
+        super().__init__(state, workload, rng)
+        if order is not None:
+            self.tie_order = order
+        self.truncate = truncate
+        self.scale = scale
+        self.pack = pack
+        self.packmode = packmode
+
+    def _int_score(self, delta):
+        return np.trunc(sigmoid(delta / self.scale) * MAX_NODE_SCORE) if self.truncate else delta
+
+    def score(self, state, pod, mask):
+        s = super().score(state, pod, mask)
+        if self.pack:
+            cap = np.maximum(state.gpu_count, 1) * MILLI
+            if self.packmode == "gpu":
+                used = 1.0 - state.gpu_left.sum(axis=1) / cap
+            elif self.packmode == "both":
+                used = 0.5 * (1.0 - state.gpu_left.sum(axis=1) / cap) + 0.5 * (1 - state.cpu_left / np.maximum(state.cpu_cap, 1))
+            else:
+                used = (state.gpu_left.sum(axis=1) < cap).astype(float)
+            s = s + self.pack * used
+        return s
+
+
+POLICIES[GpuaasPolicy.name] = GpuaasPolicy

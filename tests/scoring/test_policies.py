@@ -1,0 +1,116 @@
+"""Filter / score / normalise / select, table-driven, each expected number worked out by hand."""
+import numpy as np
+import pytest
+
+from scoring.fragmentation import Shape, Workload
+from scoring.model import ClusterState, NodeSpec, PodDemand
+from scoring.policies import (
+    BestFitPolicy, FgdPolicy, LeastAllocatedPolicy, RandomPolicy, feasible, infeasible_reason, make_policy,
+    normalize, select_node,
+)
+
+NODES = [
+    NodeSpec("a", 32_000, 128_000, 2, "T4"),
+    NodeSpec("b", 64_000, 256_000, 4, "V100-32GB"),
+    NodeSpec("c", 8_000, 32_000, 0),
+]
+
+
+def state():
+    s = ClusterState(NODES)
+    s.gpu_left[0, :2] = [1000, 400]
+    return s
+
+
+@pytest.mark.parametrize("pod, expected, reason_a", [
+    (PodDemand(cpu_milli=1000), [True, True, True], None),
+    (PodDemand(cpu_milli=40_000), [False, True, False], "insufficient cpu: 32000m free, 40000m requested"),
+    (PodDemand(memory_mib=200_000), [False, True, False], "insufficient memory"),
+    (PodDemand(gpus=2, gpu_milli=1000), [False, True, False], "insufficient whole GPUs: 1 free, 2 requested"),
+    (PodDemand(gpus=1, gpu_milli=500), [True, True, False], None),
+    (PodDemand(gpus=1, gpu_milli=500, allowed_models=frozenset({"V100-32GB"})), [False, True, False],
+     "GPU model T4 not in ['V100-32GB']"),
+])
+def test_feasible_and_reason(pod, expected, reason_a):
+    s = state()
+    assert feasible(s, pod).tolist() == expected
+    reason = infeasible_reason(s, pod, 0)
+    assert (reason is None) == (reason_a is None)
+    if reason_a:
+        assert reason_a in reason
+    assert infeasible_reason(s, PodDemand(gpus=1, gpu_milli=1000), 2) == "node has no GPUs"
+
+
+def test_bestfit_score():
+    s = state()
+    pod = PodDemand(cpu_milli=16_000, gpus=1, gpu_milli=1000)
+    mask = feasible(s, pod)
+    # raw(a) = trunc(100 * (1 - 0.5*(32000-16000)/128000 - 0.5*(1400-1000)/8000)) = trunc(100*(1-0.0625-0.025)) = 91
+    # raw(b) = trunc(100 * (1 - 0.5*48000/128000 - 0.5*3000/8000)) = trunc(100*(1-0.1875-0.1875)) = 62
+    # min-max over feasible {91, 62}: a -> (91-62)*100//29 = 100, b -> 0
+    assert BestFitPolicy(s).score(s, pod, mask).tolist() == [100, 0, 0]
+
+
+def test_least_allocated_score():
+    s = state()
+    pod = PodDemand(cpu_milli=16_000, memory_mib=64_000)
+    # a: cpu (32000-16000)*100//32000 = 50, mem (128000-64000)*100//128000 = 50 -> 50
+    # b: cpu 48000*100//64000 = 75, mem 192000*100//256000 = 75 -> 75
+    # c: cpu would go negative -> 0, mem also -> 0
+    assert LeastAllocatedPolicy(s).score(s, pod, feasible(s, pod)).tolist() == [50, 75, 0]
+
+
+def test_fgd_share_picks_the_gpu_that_lowers_fragmentation_most():
+    s = ClusterState([NodeSpec("n", 10_000, 1, 2, "T4")])
+    s.gpu_left[0, :2] = [1000, 300]
+    shapes = (Shape(1000, 500, 1, frozenset()), Shape(2000, 0, 0, frozenset()), Shape(20000, 1000, 1, frozenset()))
+    policy = FgdPolicy(s, Workload(shapes, np.array([0.5, 0.25, 0.25])))
+    pod = PodDemand(cpu_milli=1000, gpus=1, gpu_milli=200)
+    # F before 800 (see test_fragmentation). GPU0: F 700, delta 100 -> int(100*sigmoid(0.1)) = int(52.50) = 52.
+    # GPU1: F 600, delta 200 -> int(100*sigmoid(0.2)) = int(54.98) = 54. Node score = best GPU = 54, device GPU1.
+    assert policy.score(s, pod, feasible(s, pod)).tolist() == [54.0]
+    assert policy.devices(s, pod, 0) == (1,)
+
+
+def test_whole_gpus_go_to_the_first_free_ones():
+    s = state()
+    pod = PodDemand(gpus=2, gpu_milli=1000)
+    s.gpu_left[1, :4] = [1000, 0, 1000, 1000]
+    assert BestFitPolicy(s).devices(s, pod, 1) == (0, 2)
+
+
+def test_bestfit_share_gpu_is_tightest():
+    s = state()
+    s.gpu_left[1, :4] = [1000, 600, 450, 1000]
+    assert BestFitPolicy(s).devices(s, PodDemand(gpus=1, gpu_milli=400), 1) == (2,)
+
+
+def test_random_policy_scores_one_feasible_node():
+    s = state()
+    pod = PodDemand(cpu_milli=1000)
+    scores = RandomPolicy(s, rng=np.random.default_rng(3)).score(s, pod, feasible(s, pod))
+    assert sorted(scores.tolist()) == [0.0, 0.0, 100.0]
+
+
+@pytest.mark.parametrize("scores, mask, rank, expected", [
+    ([5, 9, 9, 1], [1, 1, 1, 1], [3, 2, 1, 0], 2),   # tie 9 at nodes 1 and 2: node 2 has the lower rank
+    ([5, 9, 9, 1], [1, 0, 1, 1], [3, 2, 1, 0], 2),   # node 1 filtered out
+    ([5, 9, 9, 1], [0, 0, 0, 0], [0, 1, 2, 3], -1),  # nothing feasible
+    ([7, 7, 7, 7], [1, 1, 1, 1], [2, 0, 3, 1], 1),
+])
+def test_select_node(scores, mask, rank, expected):
+    assert select_node(np.array(scores, float), np.array(mask, bool), np.array(rank)) == expected
+
+
+@pytest.mark.parametrize("scores, mask, expected", [
+    # lo 20, hi 60: (20-20)*10/40 = 0, (40-20)*10/40 = 5, (60-20)*10/40 = 10; masked-out entry 0
+    ([20, 40, 60, 99], [1, 1, 1, 0], [0, 5, 10, 0]),
+    ([3, 3], [1, 1], [10, 10]),  # all equal: every feasible node gets the top priority
+])
+def test_normalize_to_extender_priority(scores, mask, expected):
+    assert normalize(np.array(scores, float), np.array(mask, bool)).tolist() == expected
+
+
+def test_make_policy_unknown_name_lists_known():
+    with pytest.raises(KeyError, match="known: random"):
+        make_policy("nope", state())
