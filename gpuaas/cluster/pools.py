@@ -35,13 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.alias_generators import to_camel
 
 from scoring import gpus
+from scoring.kubeobjects import POOL_LABEL, TOPOLOGY_ANNOTATION
 
 from .controlplane import KWOK_NODE_ANNOTATION
-
-POOL_LABEL = "gpuaas.io/pool"
-# GPU interconnect layout of a node, as gpuaas reads it (nothing upstream publishes it): JSON
-# {"nvlinkDomains": [[0,1,2,3],[4,5,6,7]], "numaNodes": [[0,1,2,3],[4,5,6,7]]}, lists of GPU indices.
-TOPOLOGY_ANNOTATION = "gpuaas.io/gpu-topology"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
