@@ -282,8 +282,9 @@ class GpuaasPolicy(FgdPolicy):
     name = "gpuaas"
 
     def __init__(self, state, workload=None, rng=None, *, truncate=True, scale=1000.0, pack=0.0, packmode="gpu",
-                 order=None):
+                 order=None, gpu_float=False):
         super().__init__(state, workload, rng)
+        self.gpu_float = gpu_float
         if order is not None:
             self.tie_order = order
         self.truncate = truncate
@@ -306,6 +307,16 @@ class GpuaasPolicy(FgdPolicy):
                 used = (state.gpu_left.sum(axis=1) < cap).astype(float)
             s = s + self.pack * used
         return s
+
+    def share_gpu(self, state, pod, node):
+        if not self.gpu_float:
+            return super().share_gpu(state, pod, node)
+        fx = self.index
+        gpus = np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)
+        rows = np.full(gpus.size, node)
+        delta = fx.frag[rows] - fx.frag_after_share(rows, gpus, pod)
+        left = state.gpu_left[node, gpus]
+        return int(gpus[np.lexsort((left, -delta))[0]])
 
 
 POLICIES[GpuaasPolicy.name] = GpuaasPolicy
