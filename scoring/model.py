@@ -126,6 +126,8 @@ class ClusterState:
         # Configured instances per GPU: list of (profile, start, size, allocated?) kept per (node, gpu).
         self.mig_instances: dict[tuple[int, int], list[list]] = {}
         self.block = np.zeros((n, g), dtype=np.int64)
+        self.pods_on: list[list[tuple[PodDemand, tuple[int, ...]]]] = [[] for _ in range(n)]
+        self.version = 0  # bumped on every change, lets callers cache per-state work
         for i, spec in enumerate(self.nodes):
             blocks = spec.gpu_blocks if spec.gpu_blocks is not None else default_blocks(spec.gpus)
             self.block[i, : spec.gpus] = blocks
@@ -133,8 +135,6 @@ class ClusterState:
                 for gi, layout in enumerate(spec.mig_layouts):
                     if layout is not None:
                         self.set_mig_layout(i, gi, layout)
-        self.pods_on: list[list[tuple[PodDemand, tuple[int, ...]]]] = [[] for _ in range(n)]
-        self.version = 0  # bumped on every change, lets callers cache per-state work
 
     # -- queries ---------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,537 @@
+"""OR-Tools CP-SAT planning for what one pod at a time cannot do.
+
+* `place_gang`       all-or-nothing placement of a group of pods on existing nodes (fewest nodes, NVLink blocks kept
+                     whole, policy scores as the tie-breaker).
+* `repartition_mig`  new MIG layouts for idle GPUs so that pending MIG requests fit (most requests served, then
+                     fewest GPUs touched).
+* `cheapest_nodes`   the cheapest set of new nodes, per node group, that hosts a pending set of pods.
+
+Each takes a time limit, falls back to a greedy answer when the solver finds nothing in time (or to improve on it),
+and reports `status` ("optimal", "feasible", "greedy", "infeasible") and the optimality `gap`
+(|objective - best bound| / max(1, |objective|); None when unknown). Pure: states are copied, never changed.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from scoring.gpus import GpuModel, get_model, mig_tables, resolve_mig_layout
+from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand, default_blocks
+from scoring.policies import feasible, make_policy, select_node
+
+DEFAULT_TIME_LIMIT = 2.0
+MAX_CANDIDATE_NODES = 48  # per gang: the best-scoring feasible nodes, to keep the model small
+
+
+@dataclass
+class PlanResult:
+    status: str
+    objective: float | None = None
+    bound: float | None = None
+    wall_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None or self.bound is None:
+            return None
+        return abs(self.objective - self.bound) / max(1.0, abs(self.objective))
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("optimal", "feasible", "greedy")
+
+
+def _status(solver: cp_model.CpSolver, code) -> str:
+    return {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible"}.get(code, "infeasible")
+
+
+def _solver(time_limit: float, seed: int = 0) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    solver.parameters.num_workers = 1  # deterministic and polite on shared machines
+    solver.parameters.random_seed = seed
+    return solver
+
+
+# -- bins: existing nodes or new-node templates, as free capacity -------------------------------------------------------
+
+@dataclass
+class _Bin:
+    cpu: int
+    mem: int
+    gpu_left: list[int]
+    model: str
+    blocks: list[int]
+    mig_free: dict[str, int] = field(default_factory=dict)
+    node: int = -1  # index in the state for existing nodes
+    group: str = ""  # node group for new nodes
+    cost: float = 0.0
+
+
+def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_place: bool):
+    """CP-SAT variables shared by the planners: x[p][b] pod on bin, a[p][b][g] pod uses GPU g of bin b."""
+    m = cp_model.CpModel()
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    a: dict[tuple[int, int, int], cp_model.IntVar] = {}
+    for p, pod in enumerate(pods):
+        for b, bn in enumerate(bins):
+            if pod.cpu_milli > bn.cpu or pod.memory_mib > bn.mem:
+                continue
+            if pod.gpus and pod.allowed_models and bn.model not in pod.allowed_models:
+                continue
+            if pod.mig_profile:
+                if bn.mig_free.get(pod.mig_profile, 0) <= 0:
+                    continue
+            elif pod.gpus:
+                ok_gpus = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
+                if len(ok_gpus) < pod.gpus:
+                    continue
+            v = m.NewBoolVar(f"x{p}_{b}")
+            x[p, b] = v
+            if pod.gpus and not pod.mig_profile:
+                gs = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
+                for g in gs:
+                    a[p, b, g] = m.NewBoolVar(f"a{p}_{b}_{g}")
+                m.Add(sum(a[p, b, g] for g in gs) == pod.gpus * v)
+    for p in range(len(pods)):
+        choices = [x[p, b] for b in range(len(bins)) if (p, b) in x]
+        if must_place:
+            m.Add(sum(choices) == 1) if choices else m.AddBoolOr([])  # empty OR = infeasible
+        else:
+            m.Add(sum(choices) <= 1)
+    for b, bn in enumerate(bins):
+        on = [(p, x[p, b]) for p in range(len(pods)) if (p, b) in x]
+        if not on:
+            continue
+        m.Add(sum(pods[p].cpu_milli * v for p, v in on) <= bn.cpu)
+        m.Add(sum(pods[p].memory_mib * v for p, v in on) <= bn.mem)
+        for g, left in enumerate(bn.gpu_left):
+            users = [(p, a[p, b, g]) for p in range(len(pods)) if (p, b, g) in a]
+            if users:
+                m.Add(sum(pods[p].gpu_milli * v for p, v in users) <= left)
+        for profile, free in bn.mig_free.items():
+            users = [v for p, v in on if pods[p].mig_profile == profile]
+            if users:
+                m.Add(sum(users) <= free)
+    return m, x, a
+
+
+def _bins_from_state(state: ClusterState, nodes: Sequence[int]) -> list[_Bin]:
+    out = []
+    for n in nodes:
+        k = int(state.gpu_count[n])
+        mig_free = {p: int(state.mig_free[n, :, c].sum()) for p, c in state.mig_pos.items()
+                    if state.mig_free[n, :, c].sum() > 0}
+        out.append(_Bin(int(state.cpu_left[n]), int(state.mem_left[n]), [int(v) for v in state.gpu_left[n, :k]],
+                        state.model_names[state.model_idx[n]] if k else "", [int(v) for v in state.block[n, :k]],
+                        mig_free, node=int(n)))
+    return out
+
+
+# -- gangs --------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class GangPlan(PlanResult):
+    placements: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # per pod: (node, gpu indices)
+
+
+def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = "gpuaas", workload=None,
+               time_limit: float = DEFAULT_TIME_LIMIT, max_nodes: int = MAX_CANDIDATE_NODES) -> GangPlan:
+    """Place every pod of the gang or none. Objective: fewest nodes, then fewest NVLink/NUMA blocks spanned by
+    multi-GPU pods, then the policy's preference (0..100 per pod and node)."""
+    import time
+
+    t0 = time.perf_counter()
+    greedy = _greedy_gang(state, pods, policy, workload)
+    pol = make_policy(policy, state, workload)
+    # Candidate nodes: union over pods of the best-scoring feasible nodes, capped.
+    score = np.zeros(len(state))
+    cand: set[int] = set()
+    for pod in pods:
+        mask = feasible(state, pod)
+        if not mask.any():
+            return GangPlan("infeasible", wall_seconds=time.perf_counter() - t0,
+                            notes=[f"pod {pod.name or '?'} fits on no node even alone"])
+        s = np.asarray(pol.score(state, pod, mask), dtype=float)
+        s = np.where(mask, s, -np.inf)
+        top = np.argsort(-s, kind="stable")[: max(4, max_nodes // max(1, len(pods)))]
+        cand.update(int(i) for i in top if mask[i])
+        score = np.maximum(score, np.where(mask, s, 0))
+    if greedy:
+        cand.update(n for n, _ in greedy)
+    nodes = sorted(cand)[: max_nodes * 2]
+    bins = _bins_from_state(state, nodes)
+    m, x, a = _assignment_model(pods, bins, must_place=True)
+    used = {b: m.NewBoolVar(f"used{b}") for b in range(len(bins))}
+    for (p, b), v in x.items():
+        m.AddImplication(v, used[b])
+    spans = []
+    for p, pod in enumerate(pods):
+        if pod.gpus < 2:
+            continue
+        for b, bn in enumerate(bins):
+            if (p, b) not in x:
+                continue
+            for blk in set(bn.blocks):
+                use_blk = m.NewBoolVar(f"blk{p}_{b}_{blk}")
+                for g, gb in enumerate(bn.blocks):
+                    if gb == blk and (p, b, g) in a:
+                        m.AddImplication(a[p, b, g], use_blk)
+                spans.append(use_blk)
+    # Policy scores, scaled to 0..100 per pod (higher better) -> cost 100 - s.
+    lo, hi = float(score[nodes].min()) if nodes else 0.0, float(score[nodes].max()) if nodes else 1.0
+    pref = {}
+    for (p, b), v in x.items():
+        s = score[bins[b].node]
+        pref[p, b] = int(round(100 * (s - lo) / (hi - lo))) if hi > lo else 100
+    m.Minimize(10_000 * sum(used.values()) + 100 * sum(spans) + sum((100 - pref[k]) * v for k, v in x.items()))
+    if greedy:  # hint the solver with the greedy answer
+        for p, (n, gpus) in enumerate(greedy):
+            b = nodes.index(n)
+            for (pp, bb), v in x.items():
+                if pp == p:
+                    m.AddHint(v, bb == b)
+    solver = _solver(time_limit)
+    code = solver.Solve(m)
+    status = _status(solver, code)
+    if status != "infeasible":
+        placements = []
+        for p in range(len(pods)):
+            b = next(b for b in range(len(bins)) if (p, b) in x and solver.Value(x[p, b]))
+            gpus = tuple(g for g in range(len(bins[b].gpu_left)) if (p, b, g) in a and solver.Value(a[p, b, g]))
+            if pods[p].mig_profile:
+                gpus = (_mig_gpu(state, bins[b].node, pods[p], placements),)
+            placements.append((bins[b].node, gpus))
+        return GangPlan(status, solver.ObjectiveValue(), solver.BestObjectiveBound(), time.perf_counter() - t0,
+                        placements=placements)
+    if greedy:
+        return GangPlan("greedy", wall_seconds=time.perf_counter() - t0, placements=greedy,
+                        notes=["CP-SAT found no solution in time; greedy placement returned"])
+    return GangPlan("infeasible", wall_seconds=time.perf_counter() - t0,
+                    notes=["no all-or-nothing placement found (solver and greedy)"])
+
+
+def _mig_gpu(state, node, pod, placements) -> int:
+    col = state.mig_pos[pod.mig_profile]
+    taken = Counter(g for n, gs in placements if n == node for g in gs)
+    for g in np.flatnonzero(state.mig_free[node, :, col] > 0):
+        if state.mig_free[node, g, col] > taken[int(g)]:
+            return int(g)
+    return int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0])
+
+
+def _greedy_gang(state, pods, policy, workload) -> list[tuple[int, tuple[int, ...]]] | None:
+    """One pod at a time with the policy on a copy, largest first; None if any pod does not fit."""
+    fork = state.copy()
+    pol = make_policy(policy, fork, workload)
+    rank = np.arange(len(fork))
+    order = sorted(range(len(pods)), key=lambda i: (-pods[i].total_gpu_milli, -pods[i].cpu_milli))
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for i in order:
+        pod = pods[i]
+        mask = feasible(fork, pod)
+        node = select_node(np.asarray(pol.score(fork, pod, mask), dtype=float), mask, rank)
+        if node < 0:
+            return None
+        gpus = pol.devices(fork, pod, node)
+        fork.place(node, pod, gpus)
+        pol.observe(node)
+        out[i] = (node, gpus)
+    return [out[i] for i in range(len(pods))]
+
+
+# -- MIG repartitioning -------------------------------------------------------------------------------------------------
+
+@dataclass
+class MigPlan(PlanResult):
+    layouts: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)  # (node, gpu) -> new layout
+    served: dict[str, int] = field(default_factory=dict)
+
+
+def _layout_options(model: GpuModel) -> list[dict[str, int]]:
+    """Distinct maximal profile multisets that fit one GPU (no +me profiles)."""
+    names = [p for p in model.mig_profiles if "+me" not in p]
+    profs = [model.mig_profiles[p] for p in names]
+    seen: set[tuple[int, ...]] = set()
+    out = []
+
+    def rec(i, mask, counts):
+        if i == len(profs):
+            key = tuple(counts)
+            if key not in seen and any(counts):
+                seen.add(key)
+                out.append({names[j]: c for j, c in enumerate(counts) if c})
+            return
+        p = profs[i]
+        # place 0..k more of profile i at the lowest free aligned starts
+        rec(i + 1, mask, counts)
+        m, c = mask, 0
+        for s in p.starts:
+            pm = p.placement_mask(s)
+            if m & pm:
+                continue
+            m |= pm
+            c += 1
+            counts2 = counts.copy()
+            counts2[i] += c
+            if sum(q.compute_slices * counts2[j] for j, q in enumerate(profs)) <= 7:
+                rec(i + 1, m, counts2)
+
+    rec(0, 0, [0] * len(profs))
+    valid = []
+    for lay in out:
+        try:
+            resolve_mig_layout(model, lay)
+        except ValueError:
+            continue
+        valid.append(lay)
+    return valid
+
+
+def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_limit: float = DEFAULT_TIME_LIMIT,
+                    max_gpus: int = 256) -> MigPlan:
+    """New layouts for idle MIG-capable GPUs (no allocated instance, no share in use) that serve the most pending MIG
+    requests beyond what free instances already serve; then touch the fewest GPUs."""
+    import time
+
+    t0 = time.perf_counter()
+    demand = Counter(p.mig_profile for p in pending if p.mig_profile)
+    if not demand:
+        return MigPlan("optimal", 0.0, 0.0, 0.0)
+    # Requests already covered by free instances are not planned for.
+    free_now = Counter({p: int(state.mig_free[:, :, c].sum()) for p, c in state.mig_pos.items()})
+    need = Counter({p: max(0, n - free_now.get(p, 0)) for p, n in demand.items()})
+    need = +need
+    idle = []
+    for n in range(len(state)):
+        if not state.gpu_count[n]:
+            continue
+        model = state.models[state.model_idx[n]]
+        if not model.mig_capable:
+            continue
+        for g in range(int(state.gpu_count[n])):
+            insts = state.mig_instances.get((n, g))
+            busy = (insts and any(i[3] for i in insts)) or (not state.mig_enabled[n, g] and state.gpu_left[n, g] < MILLI)
+            if not busy:
+                idle.append((n, g, model))
+    idle = idle[:max_gpus]
+    if not need or not idle:
+        return MigPlan("optimal", 0.0, 0.0, time.perf_counter() - t0, served={p: demand[p] - need.get(p, 0) for p in demand},
+                       notes=[] if need else ["free instances already serve every request"])
+    m = cp_model.CpModel()
+    opts_by_model = {mod.name: _layout_options(mod) for _, _, mod in idle}
+    choose = {}
+    keep = {}
+    gain_terms: dict[str, list] = {p: [] for p in need}
+    changes = []
+    for i, (n, g, model) in enumerate(idle):
+        current = Counter(x[0] for x in state.mig_instances.get((n, g), []))
+        keep[i] = m.NewBoolVar(f"keep{i}")
+        opts = []
+        for j, lay in enumerate(opts_by_model[model.name]):
+            if not any(p in need for p in lay):
+                continue
+            v = m.NewBoolVar(f"c{i}_{j}")
+            choose[i, j] = (v, lay)
+            opts.append(v)
+            for p, cnt in lay.items():
+                if p in need:
+                    # instances gained relative to the free ones the GPU has now
+                    gain_terms[p].append((cnt - current.get(p, 0), v))
+        m.AddExactlyOne([keep[i], *opts])
+        changes.append(sum(opts) if opts else 0)
+    served = {}
+    for p, n_need in need.items():
+        served[p] = m.NewIntVar(0, n_need, f"served_{p}")
+        m.Add(served[p] <= sum(c * v for c, v in gain_terms[p])) if gain_terms[p] else m.Add(served[p] == 0)
+    # Serve the most requests, weighted by size (compute slices), then change the fewest GPUs.
+    weight = {p: next(mod.mig_profiles[p].compute_slices for _, _, mod in idle if p in mod.mig_profiles)
+              if any(p in mod.mig_profiles for _, _, mod in idle) else 1 for p in need}
+    m.Maximize(1000 * sum(weight[p] * served[p] for p in need) - sum(changes))
+    greedy = _greedy_mig(idle, opts_by_model, need, state)
+    solver = _solver(time_limit)
+    code = solver.Solve(m)
+    status = _status(solver, code)
+    if status == "infeasible":
+        layouts, got = greedy
+        return MigPlan("greedy", wall_seconds=time.perf_counter() - t0, layouts=layouts,
+                       served={p: got.get(p, 0) + (demand[p] - need.get(p, 0)) for p in demand},
+                       notes=["CP-SAT found no solution in time; greedy layouts returned"])
+    layouts = {}
+    for (i, j), (v, lay) in choose.items():
+        if solver.Value(v):
+            n, g, _ = idle[i]
+            layouts[(n, g)] = dict(lay)
+    got = {p: solver.Value(served[p]) for p in need}
+    return MigPlan(status, solver.ObjectiveValue(), solver.BestObjectiveBound(), time.perf_counter() - t0,
+                   layouts=layouts, served={p: got.get(p, 0) + (demand[p] - need.get(p, 0)) for p in demand})
+
+
+def _greedy_mig(idle, opts_by_model, need, state):
+    """Largest pending profile first: give each idle GPU the layout holding the most instances still needed."""
+    left = Counter(need)
+    layouts = {}
+    got: Counter = Counter()
+    for n, g, model in idle:
+        if not +left:
+            break
+        best, best_gain = None, 0
+        for lay in opts_by_model[model.name]:
+            gain = sum(min(c, left[p]) * model.mig_profiles[p].compute_slices for p, c in lay.items() if p in left)
+            if gain > best_gain:
+                best, best_gain = lay, gain
+        if best is None:
+            continue
+        layouts[(n, g)] = dict(best)
+        for p, c in best.items():
+            take = min(c, left[p])
+            left[p] -= take
+            got[p] += take
+    return layouts, got
+
+
+def apply_mig_plan(state: ClusterState, plan: MigPlan) -> None:
+    for (n, g), lay in plan.layouts.items():
+        state.set_mig_layout(n, g, lay)
+
+
+# -- new nodes ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A node group the autoscaler can grow: a node template, a price per node and how many more it may add."""
+
+    name: str
+    template: NodeSpec
+    price: float
+    max_new: int = 16
+
+
+@dataclass
+class ScaleUpPlan(PlanResult):
+    new_nodes: dict[str, int] = field(default_factory=dict)  # group -> count
+    cost: float = 0.0
+    assignments: list[tuple[str, int]] = field(default_factory=list)  # per pod: (group, new-node ordinal)
+    unplaceable: list[int] = field(default_factory=list)  # pod indices that fit no group template
+
+
+def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
+                   time_limit: float = DEFAULT_TIME_LIMIT) -> ScaleUpPlan:
+    """Fewest-cost new nodes (any mix of groups, each up to max_new) that host every placeable pending pod."""
+    import time
+
+    t0 = time.perf_counter()
+    bins: list[_Bin] = []
+    for grp in groups:
+        t = grp.template
+        model_name = get_model(t.gpu_model).name if t.gpus else ""
+        blocks = list(t.gpu_blocks or default_blocks(t.gpus))
+        mig_free: dict[str, int] = {}
+        if t.mig_layouts:
+            for lay in t.mig_layouts:
+                for p, c in (lay or {}).items():
+                    mig_free[p] = mig_free.get(p, 0) + c
+        cap = min(grp.max_new, max(1, len(pending)))
+        for _ in range(cap):
+            gpu_left = [0 if (t.mig_layouts and t.mig_layouts[g]) else MILLI for g in range(t.gpus)]
+            bins.append(_Bin(t.cpu_milli, t.memory_mib, gpu_left, model_name, blocks, dict(mig_free),
+                             group=grp.name, cost=grp.price))
+    # Pods no template can host at all are reported, not planned.
+    unplaceable = []
+    placeable = []
+    for i, pod in enumerate(pending):
+        fits = any(_fits_template(pod, b) for b in bins)
+        (placeable if fits else unplaceable).append(i)
+    pods = [pending[i] for i in placeable]
+    m, x, a = _assignment_model(pods, bins, must_place=True)
+    used = [m.NewBoolVar(f"u{b}") for b in range(len(bins))]
+    for (p, b), v in x.items():
+        m.AddImplication(v, used[b])
+    # Symmetry: within a group, new node k+1 only if node k.
+    for b in range(1, len(bins)):
+        if bins[b].group == bins[b - 1].group:
+            m.AddImplication(used[b], used[b - 1])
+    scale = 100  # prices to integer cents
+    m.Minimize(sum(int(round(bins[b].cost * scale)) * used[b] for b in range(len(bins))))
+    greedy = _greedy_new_nodes(pods, bins)
+    if greedy is not None:
+        for b, v in enumerate(used):
+            m.AddHint(v, b in greedy[1])
+    solver = _solver(time_limit)
+    code = solver.Solve(m)
+    status = _status(solver, code)
+    if status == "infeasible":
+        if greedy is None:
+            return ScaleUpPlan("infeasible", wall_seconds=time.perf_counter() - t0, unplaceable=unplaceable,
+                               notes=["the pending pods do not fit within the groups' max_new"])
+        assign, used_bins = greedy
+        return _scale_plan("greedy", None, None, t0, bins, used_bins, assign, unplaceable,
+                           ["CP-SAT found no solution in time; greedy first-fit returned"])
+    used_bins = {b for b in range(len(bins)) if solver.Value(used[b])}
+    assign = [next(b for b in range(len(bins)) if (p, b) in x and solver.Value(x[p, b])) for p in range(len(pods))]
+    return _scale_plan(status, solver.ObjectiveValue() / scale, solver.BestObjectiveBound() / scale, t0, bins,
+                       used_bins, assign, unplaceable)
+
+
+def _fits_template(pod: PodDemand, b: _Bin) -> bool:
+    if pod.cpu_milli > b.cpu or pod.memory_mib > b.mem:
+        return False
+    if pod.gpus and pod.allowed_models and b.model not in pod.allowed_models:
+        return False
+    if pod.mig_profile:
+        return b.mig_free.get(pod.mig_profile, 0) > 0
+    return sum(1 for left in b.gpu_left if left >= pod.gpu_milli) >= pod.gpus
+
+
+def _scale_plan(status, obj, bound, t0, bins, used_bins, assign, unplaceable, notes=()):
+    import time
+
+    ordinal: dict[int, int] = {}
+    counts: Counter = Counter()
+    for b in sorted(used_bins):
+        ordinal[b] = counts[bins[b].group]
+        counts[bins[b].group] += 1
+    cost = sum(bins[b].cost for b in used_bins)
+    return ScaleUpPlan(status, obj, bound, time.perf_counter() - t0, list(notes), new_nodes=dict(counts), cost=cost,
+                       assignments=[(bins[b].group, ordinal[b]) for b in assign], unplaceable=unplaceable)
+
+
+def _greedy_new_nodes(pods: Sequence[PodDemand], bins: Sequence[_Bin]):
+    """First-fit decreasing onto open bins; a new bin is opened from the group with the lowest price per fitting pod."""
+    free = [(_Bin(b.cpu, b.mem, list(b.gpu_left), b.model, b.blocks, dict(b.mig_free), group=b.group, cost=b.cost))
+            for b in bins]
+    opened: list[int] = []
+    assign = [-1] * len(pods)
+    order = sorted(range(len(pods)), key=lambda i: (-pods[i].total_gpu_milli, -pods[i].cpu_milli))
+
+    def take(b, pod):
+        bn = free[b]
+        bn.cpu -= pod.cpu_milli
+        bn.mem -= pod.memory_mib
+        if pod.mig_profile:
+            bn.mig_free[pod.mig_profile] -= 1
+        else:
+            need = pod.gpus
+            for g in sorted(range(len(bn.gpu_left)), key=lambda g: bn.gpu_left[g]):
+                if need and bn.gpu_left[g] >= pod.gpu_milli:
+                    bn.gpu_left[g] -= pod.gpu_milli
+                    need -= 1
+
+    for i in order:
+        pod = pods[i]
+        b = next((b for b in opened if _fits_template(pod, free[b])), None)
+        if b is None:
+            cands = [b for b in range(len(bins)) if b not in opened and _fits_template(pod, free[b])]
+            if not cands:
+                return None
+            # cheapest group first; within a group the lowest ordinal (symmetry rule)
+            b = min(cands, key=lambda b: (free[b].cost, b))
+            opened.append(b)
+        take(b, pod)
+        assign[i] = b
+    return assign, set(opened)
