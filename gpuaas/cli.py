@@ -12,6 +12,7 @@ import sys
 VERB_MODULES = (
     "gpuaas.demo",
     "gpuaas.cluster.cli",
+    "extender.cli",
     "gpuaas.simulate.cli",
 )
 

@@ -81,7 +81,6 @@ project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 print("\n".join(project["dependencies"] + [d for ds in project.get("optional-dependencies", {}).values() for d in ds]))
 PY
   "$venv/bin/pip" install -q -r "$venv/requirements.txt" >&2
-  "$venv/bin/pip" uninstall -q -y gpuaas >/dev/null 2>&1 || true   # an install left by an earlier layout
   echo "$deps_hash" > "$deps_stamp"
 fi
 

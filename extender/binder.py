@@ -1,0 +1,36 @@
+"""Bind a pod through the apiserver: one Binding that also carries the GPU assignment as a pod annotation (the
+apiserver copies a Binding's annotations onto the pod), so the node and the devices land together or not at all."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import aiohttp
+
+
+class BindError(RuntimeError):
+    pass
+
+
+class Binder(Protocol):
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
+
+
+class ApiBinder:
+    def __init__(self, session: aiohttp.ClientSession):
+        self.session = session
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        async with self.session.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", json=body) as resp:
+            if resp.status >= 300:
+                detail = (await resp.json(content_type=None) or {}).get("message", resp.reason)
+                raise BindError(f"binding {namespace}/{name} to {node}: HTTP {resp.status}: {detail}")
+
+
+class NoBinder:
+    """Snapshot mode: nothing to bind against."""
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
+        raise BindError("this extender serves a static snapshot and cannot bind")

@@ -1,0 +1,41 @@
+"""Settings of the extender service: a file (`--config`), then GPUAAS_EXTENDER_* environment variables, then flags."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scoring.policies import POLICIES
+
+ENV_PREFIX = "GPUAAS_EXTENDER_"
+
+
+class TlsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cert_file: Path
+    key_file: Path
+
+
+class ExtenderConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8888, ge=0, le=65535)
+    policy: str = Field(default="gpuaas", description="scoring policy for prioritize and device choice")
+    kubeconfig: Path | None = Field(default=None, description="None: in-cluster service account")
+    snapshot: Path | None = Field(default=None, description="serve from a static `kubectl get -o yaml` dump")
+    tls: TlsConfig | None = Field(default=None, description="serve HTTPS (kube-scheduler's enableHTTPS)")
+    assume_ttl_seconds: float = Field(default=30.0, gt=0, description="how long a binding of ours waits for the "
+                                      "watch before its GPUs are released")
+    max_body_bytes: int = Field(default=8 * 2**20, ge=1024, description="larger requests get 413")
+    read_timeout_seconds: float = Field(default=5.0, gt=0, description="a request body slower than this gets 408")
+    resync_seconds: float = Field(default=300.0, gt=0)
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _known_policy(self) -> "ExtenderConfig":
+        if self.policy.lower() not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        return self

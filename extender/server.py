@@ -1,0 +1,225 @@
+"""The HTTP shell around ExtenderService: parse, call, serialise; every failure becomes a 4xx/5xx with a message in
+one place (`errors`), and the server keeps serving.
+
+    POST /filter /prioritize /bind     kube-scheduler's extender verbs
+    GET  /healthz                      the process is alive
+    GET  /readyz                       200 once the node and pod caches have synced
+    GET  /metrics                      Prometheus text format
+    GET  /explain?pod=NS/NAME&node=N   why node N was rejected for the pod, or how it scored
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from gpuaas.config import describe_errors
+from gpuaas.informer import Informer
+from gpuaas.kubeclient import ApiEndpoint
+
+from .binder import ApiBinder, NoBinder
+from .config import ExtenderConfig
+from .metrics import Metrics
+from .service import BadRequest, ExtenderService
+from .view import ClusterView
+from .wire import ExtenderArgs, ExtenderBindingArgs
+
+log = logging.getLogger("gpuaas.extender")
+
+SERVICE = web.AppKey("service", ExtenderService)
+CONFIG = web.AppKey("config", ExtenderConfig)
+METRICS = web.AppKey("metrics", Metrics)
+READY = web.AppKey("ready", Callable[[], bool])
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    verb = request.path.strip("/") or "root"
+    metrics = request.app[METRICS]
+    started = time.perf_counter()
+    try:
+        return await handler(request)
+    except BadRequest as err:
+        response = _error(err.status, str(err))
+    except ValidationError as err:
+        response = _error(400, f"invalid {verb} request: {describe_errors(err)}")
+    except json.JSONDecodeError as err:
+        response = _error(400, f"request body is not JSON: {err}")
+    except asyncio.TimeoutError:
+        response = _error(408, "request body not received in time")
+    except web.HTTPException as err:  # 404, 405, 413 from aiohttp itself
+        response = _error(err.status, err.reason if err.status != 413 else
+                          f"request body larger than {request.app[CONFIG].max_body_bytes} bytes")
+    except Exception as err:  # a bug: answer, log it, keep serving
+        log.exception("unexpected error in %s", verb)
+        response = _error(500, f"internal error: {type(err).__name__}: {err}")
+    finally:
+        if verb in ("filter", "prioritize", "bind"):
+            metrics.latency.labels(verb).observe(time.perf_counter() - started)
+    metrics.errors.labels(verb, str(response.status)).inc()
+    return response
+
+
+async def _read_json(request: web.Request) -> Any:
+    body = await asyncio.wait_for(request.read(), timeout=request.app[CONFIG].read_timeout_seconds)
+    if not body:
+        raise BadRequest("request body is empty")
+    return json.loads(body)
+
+
+def _json(model: BaseModel | list, **dump: Any) -> web.Response:
+    if isinstance(model, list):
+        text = json.dumps([m.model_dump(**dump) for m in model])
+    else:
+        text = model.model_dump_json(**dump)
+    return web.Response(text=text, content_type="application/json")
+
+
+async def filter_verb(request: web.Request) -> web.Response:
+    args = ExtenderArgs.model_validate(await _read_json(request))
+    return _json(request.app[SERVICE].filter(args))
+
+
+async def prioritize_verb(request: web.Request) -> web.Response:
+    args = ExtenderArgs.model_validate(await _read_json(request))
+    return _json(request.app[SERVICE].prioritize(args))
+
+
+async def bind_verb(request: web.Request) -> web.Response:
+    args = ExtenderBindingArgs.model_validate(await _read_json(request))
+    return _json(await request.app[SERVICE].bind(args))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[READY]():
+        return web.Response(text="ok")
+    return web.Response(text="caches not synced", status=503)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    for kind, count in request.app[SERVICE].view.stats().items():
+        metrics.cache.labels(kind).set(count)
+    metrics.rebuilds.set(request.app[SERVICE].view.rebuilds)
+    return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def explain_endpoint(request: web.Request) -> web.Response:
+    pod, node = request.query.get("pod"), request.query.get("node")
+    if not pod or not node:
+        raise BadRequest("explain needs ?pod=NAMESPACE/NAME&node=NODE")
+    return web.json_response(await request.app[SERVICE].explain(pod, node))
+
+
+def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
+             ready: Callable[[], bool]) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=config.max_body_bytes)
+    app[SERVICE], app[CONFIG], app[METRICS], app[READY] = service, config, metrics, ready
+    app.router.add_post("/filter", filter_verb)
+    app.router.add_post("/prioritize", prioritize_verb)
+    app.router.add_post("/bind", bind_verb)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/explain", explain_endpoint)
+    return app
+
+
+# ---- wiring: a live cluster, or a static snapshot ------------------------------------------------------------------
+
+def load_snapshot(path: Path) -> list[dict[str, Any]]:
+    """Nodes and Pods from what `kubectl get nodes,pods -A -o yaml` (or -o json) prints: a List, or several."""
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: cannot read snapshot: {err}") from None
+    items: list[dict[str, Any]] = []
+    for doc in docs:
+        items.extend(doc.get("items") or [] if doc.get("kind", "").endswith("List") else [doc])
+    bad = [i for i in items if not isinstance(i, dict) or i.get("kind") not in ("Node", "Pod")]
+    if bad:
+        raise ValueError(f"{path}: snapshot holds {len(bad)} objects that are not Nodes or Pods")
+    return items
+
+
+def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]]) -> web.Application:
+    view = ClusterView(config.policy, assume_ttl=config.assume_ttl_seconds)
+    pods: dict[str, dict[str, Any]] = {}
+    for kind in ("Node", "Pod"):  # nodes first, so pods land on known nodes
+        for item in (i for i in items if i["kind"] == kind):
+            view.on_change(kind, None, item)
+            if kind == "Pod":
+                pods[f"{item['metadata'].get('namespace', 'default')}/{item['metadata']['name']}"] = item
+
+    async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
+        return pods.get(f"{namespace}/{name}")
+
+    metrics = Metrics()
+    return make_app(config, ExtenderService(view, NoBinder(), metrics, lookup), metrics, lambda: True)
+
+
+def live_app(config: ExtenderConfig) -> web.Application:
+    view = ClusterView(config.policy, assume_ttl=config.assume_ttl_seconds)
+    endpoint = ApiEndpoint.from_kubeconfig(config.kubeconfig)
+    nodes = Informer(endpoint, "/api/v1/nodes", kind="Node", on_change=view.on_change,
+                     resync_seconds=config.resync_seconds)
+    pods = Informer(endpoint, "/api/v1/pods", kind="Pod", on_change=view.on_change,
+                    resync_seconds=config.resync_seconds)
+    holder: dict[str, aiohttp.ClientSession] = {}
+
+    async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
+        pod = pods.store.get(f"{namespace}/{name}")
+        if pod is not None:
+            return pod
+        async with holder["session"].get(f"/api/v1/namespaces/{namespace}/pods/{name}") as resp:
+            if resp.status == 404:
+                return None
+            resp.raise_for_status()
+            return await resp.json()
+
+    class LazyBinder:  # the session exists only once the app runs
+        async def bind(self, *args: Any) -> None:
+            await ApiBinder(holder["session"]).bind(*args)
+
+    metrics = Metrics()
+    app = make_app(config, ExtenderService(view, LazyBinder(), metrics, lookup), metrics,
+                   lambda: nodes.synced.is_set() and pods.synced.is_set())
+
+    async def informers(app: web.Application):
+        async with endpoint.session() as session:
+            holder["session"] = session
+            tasks = [asyncio.create_task(inf.run(session)) for inf in (nodes, pods)]
+            yield
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app.cleanup_ctx.append(informers)
+    return app
+
+
+def ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
+    if config.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+    return ctx

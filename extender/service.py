@@ -1,0 +1,119 @@
+"""The extender's verbs, independent of HTTP: wire models in, wire models out, the model and policy in between."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, format_devices, pod_key
+from scoring.policies import feasible
+
+from . import verdicts
+from .binder import Binder, BindError
+from .metrics import Metrics
+from .view import ClusterView
+from .wire import (ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority)
+
+log = logging.getLogger("gpuaas.extender")
+
+PodLookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+
+
+class BadRequest(ValueError):
+    """The request is well-formed JSON but cannot be answered as asked (HTTP 4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class ExtenderService:
+    def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup):
+        self.view = view
+        self.binder = binder
+        self.metrics = metrics
+        self.pod_lookup = pod_lookup
+
+    def _demand(self, pod: dict[str, Any]):
+        try:
+            return self.view.demand(pod)
+        except (ObjectError, KeyError) as err:
+            raise BadRequest(str(err)) from None
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        demand = self._demand(args.Pod)
+        names = args.node_names()
+        state, _ = self.view.snapshot()
+        verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes)
+        if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
+                                                               for m in verdict.failed.values()):
+            sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+            raise BadRequest(f"none of the {len(names)} node names is known to gpuaas ({sample})", status=422)
+        self.metrics.decisions.labels("filter", "feasible").inc(len(verdict.feasible))
+        self.metrics.decisions.labels("filter", "failed").inc(len(verdict.failed))
+        self.metrics.decisions.labels("filter", "unresolvable").inc(len(verdict.unresolvable))
+        log.debug("filter", extra={"pod": demand.name, "candidates": len(names), "feasible": len(verdict.feasible)})
+        # Without a node cache the scheduler sent (and wants back) full Node objects.
+        nodes = None
+        if args.NodeNames is None and args.Nodes is not None:
+            keep = set(verdict.feasible)
+            nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
+                                             if n.get("metadata", {}).get("name") in keep]}
+        return ExtenderFilterResult(
+            Nodes=nodes, NodeNames=verdict.feasible if args.NodeNames is not None else None,
+            FailedNodes=verdict.failed, FailedAndUnresolvableNodes=verdict.unresolvable, Error="")
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        demand = self._demand(args.Pod)
+        state, policy = self.view.snapshot()
+        scored = verdicts.prioritize(state, policy, demand, args.node_names())
+        self.metrics.decisions.labels("prioritize", "scored").inc(len(scored))
+        return [HostPriority(Host=h, Score=s) for h, s in scored]
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        key = f"{args.PodNamespace}/{args.PodName}"
+        pod = await self.pod_lookup(args.PodNamespace, args.PodName)
+        if pod is None:
+            raise BadRequest(f"pod {key} not found", status=404)
+        if pod["metadata"].get("uid") and pod["metadata"]["uid"] != args.PodUID:
+            raise BadRequest(f"pod {key} has uid {pod['metadata']['uid']}, not {args.PodUID}", status=409)
+        demand = self._demand(pod)
+        state, policy = self.view.snapshot()
+        node = state.index.get(args.Node)
+        if node is None:
+            raise BadRequest(f"node {args.Node} is not known to gpuaas", status=422)
+        if not feasible(state, demand)[node]:
+            # Another pod took the GPUs since filter ran: refuse, and the scheduler retries this pod.
+            reason = verdicts.filter_nodes(state, demand, [args.Node]).failed.get(args.Node, "does not fit")
+            self.metrics.decisions.labels("bind", "refused").inc()
+            return ExtenderBindingResult(Error=f"{key} no longer fits on {args.Node}: {reason}")
+        devices = policy.devices(state, demand, node) if demand.gpus else ()
+        self.view.assume(key, args.Node, demand, tuple(devices))
+        started = time.perf_counter()
+        try:
+            await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node,
+                                   {DEVICES_ANNOTATION: format_devices(devices)})
+        except (BindError, OSError) as err:
+            self.view.forget(key)
+            self.metrics.decisions.labels("bind", "error").inc()
+            log.warning("bind failed", extra={"pod": key, "node": args.Node, "error": str(err)})
+            return ExtenderBindingResult(Error=str(err))
+        self.metrics.decisions.labels("bind", "bound").inc()
+        log.info("bound", extra={"pod": key, "node": args.Node, "devices": list(devices),
+                                 "api_ms": round((time.perf_counter() - started) * 1000, 2)})
+        return ExtenderBindingResult(Error="")
+
+    async def explain(self, pod_ref: str, node: str) -> dict[str, Any]:
+        namespace, _, name = pod_ref.rpartition("/")
+        pod = await self.pod_lookup(namespace or "default", name)
+        if pod is None:
+            raise BadRequest(f"pod {pod_ref} not found", status=404)
+        demand = self._demand(pod)
+        state, policy = self.view.snapshot()
+        if node not in state.index:
+            reason = self.view.bad_nodes.get(node)
+            raise BadRequest(f"node {node}: {reason}" if reason else f"node {node} is not known to gpuaas", 404)
+        out = verdicts.explain(state, policy, demand, node)
+        out["pod"] = pod_key(pod)
+        return out

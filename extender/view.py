@@ -1,0 +1,211 @@
+"""The extender's view of the cluster: Nodes and Pods as the informers deliver them, kept as a live scoring model.
+
+Pods that hold resources (bound, not finished) are placed into the model on the GPUs gpuaas recorded for them
+(`gpuaas.io/devices`), or, for pods bound by someone else, on the GPUs the policy would have chosen. Pods this
+extender has just bound are *assumed*: placed at once, before the watch shows them bound, so that a burst of pods
+never double-books a GPU; an assumption the watch does not confirm within `assume_ttl` seconds is dropped.
+
+A change of the node set (or of a node's GPU layout) rebuilds the model and the policy; pod changes are applied in
+place, and the policy is told which node changed (`Policy.observe`). Everything here runs on the event loop's thread.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scoring.fragmentation import Workload
+from scoring.gpus import UnknownGpuModelError
+from scoring.kubeobjects import (BoundPod, ObjectError, bound_pod, holds_resources, node_spec, pod_demand, pod_key,
+                                 requests_gpu)
+from scoring.model import ClusterState, NodeSpec, PodDemand
+from scoring.policies import Policy, make_policy
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class Placement:
+    node: str
+    demand: PodDemand
+    devices: tuple[int, ...]
+    assumed_until: float | None = None  # set while only this extender knows of the binding
+
+
+class ClusterView:
+    def __init__(self, policy: str = "gpuaas", *, assume_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 workload: Workload | None = None):
+        self.policy_name = policy
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.fixed_workload = workload
+        self.nodes: dict[str, Obj] = {}
+        self.specs: dict[str, NodeSpec] = {}
+        self.bad_nodes: dict[str, str] = {}  # nodes that could not be read, with the reason (shown in filter)
+        self.pods: dict[str, BoundPod] = {}  # pods holding resources, by namespace/name
+        self.placements: dict[str, Placement] = {}  # what the model holds, by pod key
+        self.state: ClusterState | None = None
+        self.policy: Policy | None = None
+        self._dirty = True
+        self.rebuilds = 0
+        self.parse_errors = 0
+
+    # ---- informer events -------------------------------------------------------------------------------------------
+    def on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if kind == "Node":
+            self._on_node(old, new)
+        elif kind == "Pod":
+            self._on_pod(old, new)
+
+    def _on_node(self, old: Obj | None, new: Obj | None) -> None:
+        name = (new or old)["metadata"]["name"]
+        if new is None:
+            self.nodes.pop(name, None)
+            self.bad_nodes.pop(name, None)
+            if self.specs.pop(name, None) is not None:
+                self._dirty = True
+            return
+        self.nodes[name] = new
+        try:
+            spec = node_spec(new)
+            self.bad_nodes.pop(name, None)
+        except (ObjectError, UnknownGpuModelError, ValueError) as err:
+            self.parse_errors += 1
+            self.bad_nodes[name] = str(err)
+            spec = None
+        if spec != self.specs.get(name):  # heartbeats change conditions only: no rebuild for those
+            if spec is None:
+                self.specs.pop(name, None)
+            else:
+                self.specs[name] = spec
+            self._dirty = True
+
+    def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        key = pod_key(new or old)
+        if new is None or not holds_resources(new):
+            self.pods.pop(key, None)
+            placement = self.placements.get(key)
+            # An assumed pod seen before its binding (nodeName still empty) keeps its GPUs; a deleted or finished
+            # one gives them back.
+            finished = new is None or (new.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if placement is not None and (placement.assumed_until is None or finished):
+                self._unplace(key)
+            return
+        try:
+            bound = bound_pod(new)
+        except (ObjectError, UnknownGpuModelError, ValueError) as err:
+            self.parse_errors += 1
+            log.warning("ignoring %s: %s", key, err)
+            return
+        self.pods[key] = bound
+        placement = self.placements.get(key)
+        if placement is not None:
+            same = placement.node == bound.node and (bound.devices is None or bound.devices == placement.devices)
+            if same:
+                placement.assumed_until = None  # the watch confirms what was assumed
+                return
+            self._unplace(key)
+        self._place(bound)
+
+    # ---- the model -------------------------------------------------------------------------------------------------
+    def snapshot(self) -> tuple[ClusterState, Policy]:
+        """The live model and its policy, rebuilt first if the node set changed; expired assumptions dropped."""
+        self._expire_assumptions()
+        if self._dirty or self.state is None:
+            self._rebuild()
+        assert self.state is not None and self.policy is not None
+        return self.state, self.policy
+
+    def workload(self) -> Workload:
+        """The pod shapes FGD-style scores weigh: configured, or those of the GPU pods in the cluster now."""
+        if self.fixed_workload is not None:
+            return self.fixed_workload
+        demands = [p.demand for p in self.pods.values()]
+        if not demands:  # an empty cluster: assume one-GPU pods, the most common shape in every published trace
+            demands = [PodDemand(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=1000)]
+        return Workload.typical(demands)
+
+    def _rebuild(self) -> None:
+        self.state = ClusterState(sorted(self.specs.values(), key=lambda s: s.name))
+        self.policy = make_policy(self.policy_name, self.state, self.workload())
+        self.rebuilds += 1
+        self._dirty = False
+        old = self.placements
+        self.placements = {}
+        # Re-place what was held: confirmed pods first (the apiserver's truth), then live assumptions.
+        for key, bound in self.pods.items():
+            self._place(bound, keep_assumed=old.get(key))
+        for key, placement in old.items():
+            if key not in self.placements and placement.assumed_until is not None:
+                self.assume(key, placement.node, placement.demand, placement.devices)
+
+    def _place(self, bound: BoundPod, keep_assumed: Placement | None = None) -> None:
+        if self.state is None or self._dirty:
+            return  # placed at the next rebuild
+        node = self.state.index.get(bound.node)
+        if node is None:
+            return  # a pod on a node we do not model (CPU-only node missing, or unreadable)
+        devices = bound.devices
+        if devices is None and keep_assumed is not None and keep_assumed.node == bound.node:
+            devices = keep_assumed.devices
+        if devices is None:
+            devices = self.policy.devices(self.state, bound.demand, node) if bound.demand.gpus else ()
+        try:
+            self.state.place(node, bound.demand, devices)
+        except (ValueError, KeyError, IndexError) as err:
+            # The cluster holds more than the model thinks fits (a pod bound past gpuaas): count it, keep going.
+            self.parse_errors += 1
+            log.warning("cannot account %s on %s%s: %s", bound.key, bound.node, list(devices), err)
+            return
+        self.placements[bound.key] = Placement(bound.node, bound.demand, tuple(devices))
+        self.policy.observe(node)
+
+    def _unplace(self, key: str) -> None:
+        placement = self.placements.pop(key, None)
+        if placement is None or self.state is None or self._dirty:
+            return
+        node = self.state.index.get(placement.node)
+        if node is None:
+            return
+        self.state.remove(node, placement.demand, placement.devices)
+        self.policy.observe(node)
+
+    def assume(self, key: str, node_name: str, demand: PodDemand, devices: tuple[int, ...]) -> None:
+        """Hold `devices` on `node_name` for a pod this extender is binding, until the watch confirms it."""
+        state, policy = self.snapshot()
+        node = state.index[node_name]
+        self._unplace(key)
+        state.place(node, demand, devices)
+        self.placements[key] = Placement(node_name, demand, tuple(devices), self.clock() + self.assume_ttl)
+        policy.observe(node)
+
+    def forget(self, key: str) -> None:
+        """Drop an assumption (the binding failed)."""
+        placement = self.placements.get(key)
+        if placement is not None and placement.assumed_until is not None:
+            self._unplace(key)
+
+    def _expire_assumptions(self) -> None:
+        now = self.clock()
+        for key in [k for k, p in self.placements.items() if p.assumed_until is not None and p.assumed_until < now]:
+            log.warning("assumed binding of %s to %s not seen within %.0fs; releasing its GPUs",
+                        key, self.placements[key].node, self.assume_ttl)
+            self._unplace(key)
+
+    # ---- reading -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def demand(pod: Obj) -> PodDemand:
+        return pod_demand(pod)
+
+    @staticmethod
+    def is_gpu_pod(pod: Obj) -> bool:
+        return requests_gpu(pod)
+
+    def stats(self) -> dict[str, int]:
+        return {"nodes": len(self.nodes), "gpu_nodes": sum(1 for s in self.specs.values() if s.gpus),
+                "pods": len(self.pods), "assumed": sum(p.assumed_until is not None for p in self.placements.values()),
+                "unreadable_nodes": len(self.bad_nodes)}

@@ -1,0 +1,73 @@
+"""The kube-scheduler extender wire format (k8s.io/kube-scheduler/extender/v1/types.go), as pydantic models.
+
+The Go structs have no json tags, so keys are the Go field names (PascalCase), and a nil pointer or map travels as
+JSON `null`. Embedded Kubernetes objects (Pod, NodeList) keep their own camelCase keys; they are kept as plain dicts
+here and turned into the scoring model by `scoring`'s parser, the one place that reads Kubernetes objects.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+class _Wire(BaseModel):
+    # Unknown keys are ignored: a newer kube-scheduler may send fields this version does not know.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ExtenderArgs(_Wire):
+    """Request of the filter and prioritize verbs."""
+
+    Pod: dict[str, Any]
+    Nodes: dict[str, Any] | None = None  # a v1.NodeList; sent only when nodeCacheCapable is false
+    NodeNames: list[str] | None = None  # sent only when nodeCacheCapable is true
+
+    @field_validator("Pod")
+    @classmethod
+    def _pod_has_identity(cls, pod: dict[str, Any]) -> dict[str, Any]:
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict) or not meta.get("name"):
+            raise ValueError("Pod.metadata.name is required")
+        if not isinstance(pod.get("spec"), dict):
+            raise ValueError("Pod.spec is required")
+        return pod
+
+    def node_names(self) -> list[str]:
+        """The candidate nodes, from NodeNames or, without a node cache, from the NodeList's items."""
+        if self.NodeNames is not None:
+            return self.NodeNames
+        if self.Nodes is not None:
+            items = self.Nodes.get("items") or []
+            return [n["metadata"]["name"] for n in items if isinstance(n, dict) and "metadata" in n]
+        return []
+
+
+class ExtenderFilterResult(_Wire):
+    Nodes: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] | None = None
+    FailedAndUnresolvableNodes: dict[str, str] | None = None
+    Error: str = ""
+
+
+class HostPriority(_Wire):
+    Host: str
+    Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
+
+
+class HostPriorityList(RootModel[list[HostPriority]]):
+    pass
+
+
+class ExtenderBindingArgs(_Wire):
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
+    PodUID: str = Field(min_length=1)
+    Node: str = Field(min_length=1)
+
+
+class ExtenderBindingResult(_Wire):
+    Error: str = ""
