@@ -67,7 +67,12 @@ class ExtenderService:
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         demand = self._demand(args.Pod)
         state, policy = self.view.snapshot()
-        scored = verdicts.prioritize(state, policy, demand, args.node_names())
+        scored, pick = verdicts.prioritize(state, policy, demand, args.node_names())
+        if pick is not None and demand.gpus:
+            # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
+            # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
+            node = state.index[pick]
+            self.view.assume(pod_key(args.Pod), pick, demand, tuple(policy.devices(state, demand, node)))
         self.metrics.decisions.labels("prioritize", "scored").inc(len(scored))
         return [HostPriority(Host=h, Score=s) for h, s in scored]
 
@@ -79,6 +84,7 @@ class ExtenderService:
         if pod["metadata"].get("uid") and pod["metadata"]["uid"] != args.PodUID:
             raise BadRequest(f"pod {key} has uid {pod['metadata']['uid']}, not {args.PodUID}", status=409)
         demand = self._demand(pod)
+        self.view.forget(key)  # the GPUs prioritize held for this pod, possibly on another node
         state, policy = self.view.snapshot()
         node = state.index.get(args.Node)
         if node is None:

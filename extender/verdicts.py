@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scoring.model import MILLI, ClusterState, PodDemand
-from scoring.policies import MAX_EXTENDER_PRIORITY, Policy, feasible, infeasible_reason, normalize
+from scoring.policies import MAX_EXTENDER_PRIORITY, Policy, feasible, infeasible_reason, normalize, select_node
 
 UNKNOWN_NODE = "node not (yet) in gpuaas's cache; it will be considered once the node watch delivers it"
 
@@ -75,17 +75,27 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     return verdict
 
 
-def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[str]) -> list[tuple[str, int]]:
-    """0..10 per candidate; candidates that do not fit (or are unknown) get 0."""
+def prioritize(state: ClusterState, policy: Policy, pod: PodDemand,
+               names: list[str]) -> tuple[list[tuple[str, int]], str | None]:
+    """0..10 per candidate (candidates that do not fit, or are unknown, get 0), and the node gpuaas would pick.
+
+    Nodes tied at the top are ranked: the pick keeps 10 and the others get 9. kube-scheduler breaks ties at random;
+    this way it lands where gpuaas expects, which keeps back-to-back decisions consistent (see ClusterView.assume)."""
     rows = node_indices(state, names)
     known = rows >= 0
     mask = np.zeros(len(state), dtype=bool)
     mask[rows[known]] = True
     mask &= feasible(state, pod)
-    scores = normalize(np.asarray(policy.score(state, pod, mask), dtype=float), mask, MAX_EXTENDER_PRIORITY)
+    raw = np.asarray(policy.score(state, pod, mask), dtype=float)
+    scores = normalize(raw, mask, MAX_EXTENDER_PRIORITY)
+    best = select_node(raw, mask, np.arange(len(state)))
+    if best >= 0:
+        ties = mask & (scores == MAX_EXTENDER_PRIORITY)
+        ties[best] = False
+        scores[ties] = MAX_EXTENDER_PRIORITY - 1
     out = np.zeros(len(names), dtype=np.int64)
     out[known] = scores[rows[known]]
-    return list(zip(names, out.tolist()))
+    return list(zip(names, out.tolist())), (state.names[best] if best >= 0 else None)
 
 
 def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
@@ -101,7 +111,7 @@ def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
     elif node in verdict.failed:
         out.update(fits=False, resolvable=True, reason=verdict.failed[node])
     else:
-        scores = dict(prioritize(state, policy, pod, verdict.feasible))
+        scores = dict(prioritize(state, policy, pod, verdict.feasible)[0])
         rank = sorted(scores.values(), reverse=True).index(scores[node]) + 1
         raw = policy.score(state, pod, feasible(state, pod))
         out.update(fits=True, score=scores[node], raw_score=float(raw[state.index[node]]), policy=policy.name,

@@ -92,7 +92,7 @@ def scheduler_configuration(kubeconfig: Path, extenders: list[dict[str, Any]] | 
     return config
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # PR_SET_PDEATHSIG: a test run that crashes takes its control plane with it.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)
@@ -260,7 +260,7 @@ class ControlPlane:
         with open(log, "ab" if append_log else "wb") as out:
             popen = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir,
-                start_new_session=True, preexec_fn=_die_with_parent if self.owned else None,
+                start_new_session=True, preexec_fn=die_with_parent if self.owned else None,
             )
         self._popen[name] = popen
         self.state.components[name] = ComponentState(pid=popen.pid, argv=argv, log=str(log), port=port)

@@ -1,0 +1,56 @@
+"""The `extenders:` entry of a KubeSchedulerConfiguration that points kube-scheduler at gpuaas.
+
+Only pods that request a GPU resource are sent to gpuaas (managedResources). kube-scheduler keeps counting
+nvidia.com/gpu and nvidia.com/mig-* itself (the nodes advertise them); the GPU share resource exists on no node, so the
+scheduler is told to ignore it and gpuaas alone accounts for it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from scoring.gpus import GPU_MODELS
+from scoring.kubeobjects import GPU_RESOURCE, SHARE_RESOURCE
+
+
+def managed_resources() -> list[dict[str, Any]]:
+    mig = sorted({p.resource_name for m in GPU_MODELS.values() for p in m.mig_profiles.values()})
+    return ([{"name": GPU_RESOURCE, "ignoredByScheduler": False}]
+            + [{"name": r, "ignoredByScheduler": False} for r in mig]
+            + [{"name": SHARE_RESOURCE, "ignoredByScheduler": True}])
+
+
+# kube-scheduler adds `score x weight x 10` of the extender to its own plugins' scores. At 5, gpuaas's 0..10 is worth
+# up to 500 points: more than the user-preference plugins together (NodeAffinity 2, TaintToleration 3,
+# PodTopologySpread 2, InterPodAffinity 2, each 0..100), so packing decides among nodes the user treats alike.
+DEFAULT_WEIGHT = 5
+
+
+def gpuaas_profile(scheduler_name: str = "gpuaas") -> dict[str, Any]:
+    """A scheduler profile for GPU pods: the in-tree resource scorers spread pods over the least-allocated nodes,
+    which works against fragmentation-aware packing, so they are off; every filter stays on."""
+    return {"schedulerName": scheduler_name,
+            "plugins": {"score": {"disabled": [{"name": "NodeResourcesFit"},
+                                               {"name": "NodeResourcesBalancedAllocation"}]}}}
+
+
+def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_WEIGHT, timeout: str = "5s",
+                   ca_file: str | None = None, ignorable: bool = False) -> dict[str, Any]:
+    """`bind`: gpuaas binds GPU pods itself, recording the devices it chose (needed for GPU shares and for exact
+    device accounting under bursts). `ignorable: False`: while gpuaas is down, GPU pods wait rather than being placed
+    blind; other pods are unaffected."""
+    entry: dict[str, Any] = {
+        "urlPrefix": url_prefix,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": weight,
+        "nodeCacheCapable": True,
+        "httpTimeout": timeout,
+        "managedResources": managed_resources(),
+        "ignorable": ignorable,
+    }
+    if bind:
+        entry["bindVerb"] = "bind"
+    if url_prefix.startswith("https://"):
+        entry["enableHTTPS"] = True
+        entry["tlsConfig"] = {"caFile": ca_file} if ca_file else {"insecure": True}
+    return entry

@@ -1,0 +1,79 @@
+"""gpuaas's own components (extender, autoscaler) as processes beside a local control plane, the way a platform runs
+them: a separate process, its own log in the cluster's work directory, ready when its /readyz says so."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .controlplane import die_with_parent, free_port, process_alive
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ComponentProcess:
+    def __init__(self, name: str, args: list[str], workdir: Path, *, port: int | None = None,
+                 env: dict[str, str] | None = None):
+        self.name = name
+        self.port = port or free_port()
+        self.args = args
+        self.log = Path(workdir) / "logs" / f"{name}.log"
+        self.env = env or {}
+        self.popen: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ComponentProcess":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, **self.env, "PYTHONPATH": path}
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen([sys.executable, "-m", "gpuaas.cli", *self.args], stdout=out,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                          start_new_session=True, preexec_fn=die_with_parent)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; see {self.log}:\n"
+                                   + "\n".join(self.log.read_text(errors="replace").splitlines()[-20:]))
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a component must survive."""
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> None:
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def running(self) -> bool:
+        return bool(self.popen) and process_alive(self.popen.pid, sys.executable)
+
+
+def extender_process(workdir: Path, kubeconfig: Path, *, policy: str = "gpuaas", port: int | None = None,
+                     extra: list[str] | None = None) -> ComponentProcess:
+    proc = ComponentProcess("gpuaas-extender", [], workdir, port=port)
+    proc.args = ["extender", "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", str(proc.port),
+                 "--policy", policy, *(extra or [])]
+    return proc
