@@ -1,0 +1,245 @@
+"""Replica recommenders: pure functions of (snapshot, previous state) -> (decision, new state).
+
+- `QueueDepthPolicy` (ours, "ours"): sizes replicas from the arrival rate and the measured service time with
+  square-root staffing, adds capacity to drain what is already queued, looks one cold start ahead, holds capacity only
+  as long as a replacement would take to start, and never scales down on missing data.
+- `HpaPolicy` ("hpa"): a stock autoscaling/v2 HPA on a Pods metric (queue depth per pod, AverageValue target) with the
+  controller's defaults.
+- `KedaPolicy` ("keda"): a KEDA ScaledObject with a Prometheus trigger on the total queue depth (AverageValue), with
+  KEDA's defaults: 30 s polling for activation, activationThreshold 0, cooldown 300 s before scaling to zero,
+  minReplicaCount 0; between 1 and N replicas the HPA KEDA generates does the scaling (External metric).
+- `StaticPolicy` ("static"): a fixed count.
+
+Each policy has `sync_period_s`: how often its loop runs (the simulator calls it that often; so does the controller).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from . import hpa
+from .snapshot import Decision, Snapshot, finite
+
+
+class Policy(Protocol):
+    name: str
+    sync_period_s: float
+
+    def initial_state(self) -> Any: ...
+
+    def recommend(self, snap: Snapshot, state: Any) -> tuple[Decision, Any]: ...
+
+
+def _clamp(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, n))
+
+
+# ---- ours ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueueDepthConfig:
+    min_replicas: int = 1
+    max_replicas: int = 100
+    concurrency: int = 8  # requests one replica serves at once
+    cold_start_s: float = 60.0  # from asking for a replica to its first request
+    beta: float = 1.5  # square-root staffing: slots = R + beta * sqrt(R), R = arrival rate x service time
+    drain_s: float | None = None  # queued work is sized to drain within this long (default: cold_start_s)
+    scale_down_window_s: float | None = None  # keep the highest recommendation this long (default: 10 cold starts)
+    default_service_time_s: float = 1.0  # until a request has finished
+    sync_period_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(f"need 0 <= min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        for name in ("cold_start_s", "beta", "default_service_time_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.sync_period_s <= 0:
+            raise ValueError(f"sync_period_s must be > 0, got {self.sync_period_s}")
+
+
+@dataclass(frozen=True)
+class QueueDepthState:
+    recommendations: tuple[tuple[float, int], ...] = ()
+    service_time: float | None = None  # last measured mean service time
+    last_rate: tuple[float, float] | None = None  # (time, arrival rate) of the previous sync, for the trend
+
+
+@dataclass(frozen=True)
+class QueueDepthPolicy:
+    config: QueueDepthConfig = field(default_factory=QueueDepthConfig)
+    name: str = "ours"
+
+    @property
+    def sync_period_s(self) -> float:
+        return self.config.sync_period_s
+
+    def initial_state(self) -> QueueDepthState:
+        return QueueDepthState()
+
+    def demand(self, snap: Snapshot, state: QueueDepthState) -> tuple[int, int, str, QueueDepthState]:
+        """(replicas to ask for now, replicas the current arrival rate needs in steady state, why, new state).
+
+        The first looks one cold start ahead along the rate's trend and adds room to drain the queue; the second is what
+        the scale-down window remembers (a burst's transient terms are not held after it)."""
+        c = self.config
+        sig = snap.signals
+        assert sig is not None
+        service = sig.service_time if finite(sig.service_time) and sig.service_time > 0 else (
+            state.service_time or c.default_service_time_s)
+        rates = [r for r in (sig.arrival_rate, sig.arrival_rate_short) if finite(r)]
+        rate = max(rates) if rates else 0.0
+        ahead = rate
+        if state.last_rate and finite(sig.arrival_rate) and snap.now > state.last_rate[0]:
+            slope = (sig.arrival_rate - state.last_rate[1]) / (snap.now - state.last_rate[0])
+            if slope > 0:
+                ahead = rate + slope * c.cold_start_s
+        def staffed(load: float) -> float:  # square-root staffing: slots for `load` busy slots
+            return load + c.beta * math.sqrt(load)
+        queue = sig.total_queue
+        drain = c.drain_s if c.drain_s is not None else c.cold_start_s
+        backlog_slots = queue * service / drain if drain > 0 else queue
+        up = math.ceil((staffed(ahead * service) + backlog_slots) / c.concurrency - 1e-9)
+        steady = math.ceil(staffed(rate * service) / c.concurrency - 1e-9)
+        why = (f"arrival {rate:.2f}/s (trend {ahead:.2f}/s in {c.cold_start_s:.0f}s) x service {service:.2f}s; "
+               f"queue {queue:.0f} adds {backlog_slots:.1f} slots; {c.concurrency} slots/replica -> {up}")
+        new_state = replace(state, service_time=service,
+                            last_rate=(snap.now, sig.arrival_rate) if finite(sig.arrival_rate) else state.last_rate)
+        return up, steady, why, new_state
+
+    def recommend(self, snap: Snapshot, state: QueueDepthState) -> tuple[Decision, QueueDepthState]:
+        c = self.config
+        current = snap.replicas
+        sig = snap.signals
+        if snap.error or sig is None or not finite(sig.arrival_rate):
+            # No trustworthy data: never scale down on it. Scale up only if what did come back shows a queue.
+            why = snap.error or "no arrival rate from Prometheus"
+            want = current
+            if sig is not None and sig.queue_per_pod and sig.total_queue > 0:
+                need, _, _, state = self.demand(replace(snap, signals=replace(sig, arrival_rate=None)), state)
+                want = max(current, need)
+            desired = _clamp(want, c.min_replicas, c.max_replicas)
+            return Decision(desired, "MetricsUnavailable",
+                            f"{why}; holding {current} replicas (no scale-down on missing data)"
+                            + (f", scaling up to {desired} on the queue that is visible" if desired > current else ""),
+                            scale_down_blocked=True), state
+        need, steady, why, state = self.demand(snap, state)
+        window = c.scale_down_window_s if c.scale_down_window_s is not None else 10 * c.cold_start_s
+        recs = tuple((t, r) for t, r in state.recommendations if t > snap.now - window) + ((snap.now, need),)
+        state = replace(state, recommendations=recs)
+        held = max(r for _, r in recs)
+        stabilized = need if need >= current else min(current, held)
+        desired = _clamp(stabilized, c.min_replicas, c.max_replicas)
+        if desired > current:
+            reason = "ScaleUp"
+        elif desired < current:
+            reason = "ScaleDown"
+        elif need < current:
+            reason = "ScaleDownStabilized"
+            why += f"; keeping {current}: the highest recommendation of the last {window:.0f}s"
+        else:
+            reason = "Steady"
+        if desired != stabilized:
+            why += f"; clamped to [{c.min_replicas}, {c.max_replicas}]"
+        return Decision(desired, reason, why), state
+
+
+# ---- HPA --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HpaPolicy:
+    target: float  # average queue depth per pod
+    min_replicas: int = 1
+    max_replicas: int = 100
+    behavior: hpa.Behavior = hpa.Behavior()
+    tolerance: float = hpa.TOLERANCE
+    sync_period_s: float = hpa.SYNC_PERIOD_S
+    name: str = "hpa"
+
+    def initial_state(self) -> hpa.HpaState:
+        return hpa.HpaState()
+
+    def recommend(self, snap: Snapshot, state: hpa.HpaState) -> tuple[Decision, hpa.HpaState]:
+        current = snap.replicas
+        if current == 0:
+            return Decision(0, "ScalingDisabled", "scaling is disabled since the replica count of the target is zero"), state
+        raw = None
+        if not snap.error and snap.signals is not None:
+            raw = hpa.pods_metric_replicas(current, snap.signals.queue_per_pod, self.target, pods=snap.pods,
+                                           pending=snap.pending_pods, tolerance=self.tolerance)
+        if raw is None:
+            # FailedGetPodsMetric: the HPA keeps the current count (inside min/max) and records no recommendation.
+            desired = _clamp(current, self.min_replicas, self.max_replicas)
+            return Decision(desired, "FailedGetPodsMetric", snap.error or "did not receive metrics for targeted pods",
+                            scale_down_blocked=True), state
+        n = hpa.normalize(current, raw, min_replicas=self.min_replicas, max_replicas=self.max_replicas, now=snap.now,
+                          state=state, behavior=self.behavior)
+        return Decision(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), n.state
+
+
+# ---- KEDA -------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KedaState:
+    hpa: hpa.HpaState = hpa.HpaState()
+    last_poll: float | None = None
+    last_active: float | None = None
+
+
+@dataclass(frozen=True)
+class KedaPolicy:
+    target: float  # trigger threshold: average queue depth per replica (metricType AverageValue)
+    min_replica_count: int = 0
+    max_replica_count: int = 100
+    polling_interval_s: float = 30.0
+    cooldown_period_s: float = 300.0
+    activation_threshold: float = 0.0
+    behavior: hpa.Behavior = hpa.Behavior()
+    sync_period_s: float = hpa.SYNC_PERIOD_S  # the generated HPA's loop; the operator polls every polling_interval_s
+    name: str = "keda"
+
+    def initial_state(self) -> KedaState:
+        return KedaState()
+
+    def recommend(self, snap: Snapshot, state: KedaState) -> tuple[Decision, KedaState]:
+        current = snap.replicas
+        # The Prometheus scaler's `sum(...)` query; ignoreNullValues (default true) turns an empty answer into 0.
+        total = snap.signals.total_queue if snap.signals is not None and not snap.error else None
+        if total is not None and not finite(total):
+            total = None
+        poll_due = state.last_poll is None or snap.now - state.last_poll >= self.polling_interval_s - 1e-9
+        if poll_due:
+            state = replace(state, last_poll=snap.now)
+            active = total is not None and total > self.activation_threshold
+            if active:
+                state = replace(state, last_active=snap.now)
+            if current == 0 and active:
+                return Decision(max(self.min_replica_count, 1), "KEDAScaleTargetActivated",
+                                f"queue {total:.0f} > activation threshold {self.activation_threshold}"), state
+            if (current > 0 and not active and total is not None and self.min_replica_count == 0
+                    and (state.last_active is None or snap.now - state.last_active >= self.cooldown_period_s)):
+                return Decision(0, "KEDAScaleTargetDeactivated",
+                                f"inactive for the cooldown period {self.cooldown_period_s:.0f}s"), state
+        if current == 0:
+            return Decision(0, "ScalingDisabled", "scaled to zero; the operator activates on its next poll"), state
+        if total is None:
+            desired = _clamp(current, max(self.min_replica_count, 1), self.max_replica_count)
+            return Decision(desired, "FailedGetExternalMetric", snap.error or "no value", scale_down_blocked=True), state
+        raw = hpa.external_average_replicas(total, self.target, len(snap.pods))
+        n = hpa.normalize(current, raw, min_replicas=max(self.min_replica_count, 1),
+                          max_replicas=self.max_replica_count, now=snap.now, state=state.hpa, behavior=self.behavior)
+        return Decision(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), replace(state, hpa=n.state)
+
+
+# ---- static -----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StaticPolicy:
+    replicas: int
+    sync_period_s: float = 15.0
+    name: str = "static"
+
+    def initial_state(self) -> None:
+        return None
+
+    def recommend(self, snap: Snapshot, state: None) -> tuple[Decision, None]:
+        return Decision(self.replicas, "Static", f"fixed at {self.replicas}"), None

@@ -1,0 +1,52 @@
+"""What a replica recommender sees: one snapshot of a scale target and its metrics, taken at one instant.
+
+The controller builds it from Kubernetes and Prometheus; the simulator builds it from simulated replicas and simulated
+scrapes. Recommenders are pure functions of a snapshot and their own previous state (see `policy.py`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Metrics of one scale target, as Prometheus answered. `None` means the query returned nothing usable."""
+    queue_per_pod: dict[str, float] = field(default_factory=dict)  # requests waiting, per pod that reported
+    gateway_waiting: float = 0.0  # requests held in front of the target while no replica serves
+    arrival_rate: float | None = None  # requests/s received, over the long rate window (1m)
+    arrival_rate_short: float | None = None  # requests/s received, over the short window (30s)
+    service_time: float | None = None  # mean seconds a request runs, over the service-time window
+    running: float | None = None  # requests running now, summed over pods
+
+    @property
+    def total_queue(self) -> float:
+        return sum(self.queue_per_pod.values()) + self.gateway_waiting
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float  # seconds (the controller's clock or simulated time)
+    replicas: int  # the target's desired replica count now (scale subresource spec.replicas)
+    pods: frozenset[str]  # the target's pods that exist and are not being deleted
+    pending_pods: frozenset[str] = frozenset()  # of those, pods not yet running (HPA: "unready")
+    signals: Signals | None = None
+    error: str | None = None  # why `signals` is missing or partial (Prometheus down, timeout, NaN, empty answer)
+
+    @property
+    def missing_pods(self) -> frozenset[str]:
+        """Running pods that reported no queue depth (starting, or their series is gone)."""
+        reported = set(self.signals.queue_per_pod) if self.signals else set()
+        return frozenset(p for p in self.pods if p not in reported and p not in self.pending_pods)
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and not math.isnan(x) and not math.isinf(x)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A recommendation: the replica count to set, and why, in words an operator reads in an event."""
+    desired: int
+    reason: str  # short CamelCase reason (event reason / condition reason)
+    message: str
+    scale_down_blocked: bool = False  # True when data was missing and a scale-down was refused for that

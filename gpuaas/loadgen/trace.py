@@ -1,0 +1,87 @@
+"""Request-arrival traces (the Azure LLM inference trace format: TIMESTAMP, ContextTokens, GeneratedTokens).
+
+Arrivals become `Request`s with a service time from the service model; `rate_scale` K replays each arrival K times,
+the copies spread evenly within the arrival's second."""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    t: float  # seconds since the first arrival of the trace
+    context_tokens: int
+    generated_tokens: int
+
+
+def _parse_time(raw: str, where: str) -> dt.datetime:
+    text = raw.strip()
+    # Python parses at most 6 fractional digits; the trace has 7.
+    if "." in text:
+        head, frac = text.split(".", 1)
+        text = f"{head}.{frac[:6]}"
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise TraceError(f"{where}: field 'TIMESTAMP' is not a time, got {raw!r}") from None
+
+
+def _tokens(row: dict, field: str, where: str) -> int:
+    raw = (row.get(field) or "").strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise TraceError(f"{where}: field {field!r} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise TraceError(f"{where}: field {field!r} must not be negative, got {raw!r}")
+    return value
+
+
+def load_trace(path: str | Path) -> list[Arrival]:
+    """Read an arrival trace; times become seconds since its first row. Rows must be sorted by time."""
+    path = Path(path)
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")
+        out: list[Arrival] = []
+        t0: dt.datetime | None = None
+        last = 0.0
+        for line, row in enumerate(reader, start=2):
+            where = f"{path}:{line}"
+            when = _parse_time(row["TIMESTAMP"], where)
+            t0 = t0 or when
+            t = (when - t0).total_seconds()
+            if t < last:
+                raise TraceError(f"{where}: field 'TIMESTAMP' goes back in time ({row['TIMESTAMP']})")
+            last = t
+            out.append(Arrival(t, _tokens(row, "ContextTokens", where), _tokens(row, "GeneratedTokens", where)))
+    if not out:
+        raise TraceError(f"{path}: no arrivals")
+    return out
+
+
+def scale_rate(arrivals: list[Arrival], k: int) -> list[Arrival]:
+    """Each arrival K times: copy i of an arrival at second s + f comes at s + ((f + i/K) mod 1)."""
+    if k < 1:
+        raise TraceError(f"rate scale must be a whole number >= 1, got {k}")
+    if k == 1:
+        return list(arrivals)
+    out = []
+    for a in arrivals:
+        second = float(int(a.t))
+        frac = a.t - second
+        for i in range(k):
+            out.append(Arrival(second + (frac + i / k) % 1.0, a.context_tokens, a.generated_tokens))
+    out.sort(key=lambda a: a.t)
+    return out

@@ -1,0 +1,207 @@
+"""Replaying a request trace in simulated time through a replica recommender.
+
+The loop is what runs in a cluster, with simulated parts: `ServingSystem` plays the replicas (gpuaas/loadgen/serving.py),
+`ScrapeLog` plays Prometheus (a scrape every `scrape_interval_s`; queries see only scraped samples, so the recommender
+sees the same staleness it sees in production), and the recommender is the production code from `autoscaler/policy.py`
+called every `sync_period_s` of its policy. Scrapes happen at multiples of the scrape interval; syncs half a scrape
+interval later (a controller is not in phase with Prometheus).
+
+GPU-replica-hours integrate every replica from the moment it is asked for until it is gone, over the trace's span (first
+to last arrival). After the last arrival the loop keeps running until every request has started, so that each request's
+queue wait is known.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoscaler.policy import Policy
+from autoscaler.snapshot import Signals, Snapshot
+from gpuaas.loadgen.serving import ReplicaMetrics, ServiceModel, ServingSystem
+from gpuaas.loadgen.trace import Arrival
+
+RATE_WINDOW_S = 60.0  # rate(...[1m])
+SHORT_RATE_WINDOW_S = 30.0  # rate(...[30s])
+SERVICE_WINDOW_S = 120.0  # rate(sum[2m]) / rate(count[2m])
+
+
+@dataclass
+class ScrapeLog:
+    """Scraped samples: time -> (metrics per replica, requests waiting at the gateway). Answers the queries the
+    controller sends to Prometheus, computed the same way: instant vectors from the latest scrape (a series missing from
+    it is stale), rate() as (last - first) / (t_last - t_first) over the samples of each series inside the window."""
+    times: list[float] = field(default_factory=list)
+    samples: list[dict[str, ReplicaMetrics]] = field(default_factory=list)
+    gateway: list[int] = field(default_factory=list)
+    arrived: list[int] = field(default_factory=list)
+
+    def scrape(self, t: float, metrics: dict[str, ReplicaMetrics], gateway_waiting: int, arrived_total: int) -> None:
+        self.times.append(t)
+        self.samples.append(metrics)
+        self.gateway.append(gateway_waiting)
+        self.arrived.append(arrived_total)
+
+    def _gateway_rate(self, now: float, width: float) -> float | None:
+        idx = self._window(now, width)
+        if len(idx) < 2:
+            return None
+        a, b = idx[0], idx[-1]
+        return (self.arrived[b] - self.arrived[a]) / (self.times[b] - self.times[a])
+
+    def _window(self, now: float, width: float) -> range:
+        hi = bisect.bisect_right(self.times, now)
+        lo = bisect.bisect_right(self.times, now - width)
+        return range(lo, hi)
+
+    def _rate(self, now: float, width: float, value: Callable[[ReplicaMetrics], float]) -> float | None:
+        idx = self._window(now, width)
+        first: dict[str, tuple[float, float]] = {}
+        last: dict[str, tuple[float, float]] = {}
+        for i in idx:
+            t = self.times[i]
+            for name, m in self.samples[i].items():
+                first.setdefault(name, (t, value(m)))
+                last[name] = (t, value(m))
+        rates = [(last[n][1] - first[n][1]) / (last[n][0] - first[n][0]) for n in first if last[n][0] > first[n][0]]
+        return sum(rates) if rates else None
+
+    def signals(self, now: float) -> Signals | None:
+        i = bisect.bisect_right(self.times, now) - 1
+        if i < 0:
+            return None
+        latest = self.samples[i]
+        served = self._rate(now, SERVICE_WINDOW_S, lambda m: m.service_seconds_total)
+        finished = self._rate(now, SERVICE_WINDOW_S, lambda m: m.finished_total)
+        return Signals(
+            queue_per_pod={n: float(m.waiting) for n, m in latest.items()},
+            gateway_waiting=float(self.gateway[i]),
+            arrival_rate=self._gateway_rate(now, RATE_WINDOW_S) or 0.0,
+            arrival_rate_short=self._gateway_rate(now, SHORT_RATE_WINDOW_S),
+            service_time=served / finished if served is not None and finished else None,
+            running=float(sum(m.running for m in latest.values())),
+        )
+
+
+@dataclass
+class Result:
+    policy: str
+    target: float | None
+    requests: int
+    slo_attainment: float
+    p99_queue_wait_s: float
+    mean_queue_wait_s: float
+    gpu_replica_hours: float
+    max_replicas: int
+    mean_replicas: float
+    span_s: float
+    decisions: int
+    timeline: list[tuple[float, int, int, float]] = field(default_factory=list)  # (t, live, serving, queue)
+
+    def summary(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "timeline"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return s[k]
+
+
+def simulate(arrivals: list[Arrival], policy: Policy, model: ServiceModel = ServiceModel(), *,
+             initial_replicas: int = 1, target: float | None = None, max_tail_s: float = 3600.0,
+             warmup_s: float = 0.0) -> Result:
+    """Replay `arrivals` through `policy`; the replica count starts at `initial_replicas`, all serving. With `warmup_s`,
+    requests arriving in the first `warmup_s` seconds and GPU time before then are left out of the results."""
+    system = ServingSystem(model, arrivals)
+    span = arrivals[-1].t if arrivals else 0.0
+    counter = 0
+
+    def add(n: int, now: float, cold: float | None = None) -> None:
+        nonlocal counter
+        for _ in range(n):
+            counter += 1
+            system.add_replica(f"r{counter:05d}", now, cold_start_s=cold)
+
+    def remove(n: int, now: float) -> None:
+        live = system.live()
+        # As a ReplicaSet picks pods to delete: not yet serving first (newest first), then the least busy.
+        live.sort(key=lambda r: (r.serving, r.outstanding, -r.asked_at))
+        for r in live[:n]:
+            system.remove_replica(r.name, now)
+
+    add(initial_replicas, 0.0, cold=0.0)
+    system.advance(0.0)
+    log = ScrapeLog()
+    state = policy.initial_state()
+    scrape_dt, sync_dt = model.scrape_interval_s, policy.sync_period_s
+    next_scrape, next_sync = 0.0, scrape_dt / 2
+    timeline: list[tuple[float, int, int, float]] = []
+    decisions = 0
+    gpu_at_span: float | None = None
+    gpu_at_warmup: float | None = None if warmup_s > 0 else 0.0
+    max_live = initial_replicas
+    while True:
+        now = min(next_scrape, next_sync)
+        if gpu_at_warmup is None and now >= warmup_s:
+            system.advance(warmup_s)
+            gpu_at_warmup = system.gpu_seconds(warmup_s)
+        if gpu_at_span is None and now >= span:
+            system.advance(span)
+            gpu_at_span = system.gpu_seconds(span)
+        system.advance(now)
+        if now >= span and (system.done or now > span + max_tail_s):
+            break
+        if now == next_scrape:
+            log.scrape(now, system.replica_metrics(), system.gateway_waiting(), system.arrived_total())
+            next_scrape += scrape_dt
+            continue
+        next_sync += sync_dt
+        live = system.live()
+        snap = Snapshot(now=now, replicas=len(live), pods=frozenset(r.name for r in live), signals=log.signals(now))
+        decision, state = policy.recommend(snap, state)
+        decisions += 1
+        if decision.desired > len(live):
+            add(decision.desired - len(live), now)
+        elif decision.desired < len(live):
+            remove(len(live) - decision.desired, now)
+        n_live = len(system.live())
+        max_live = max(max_live, n_live)
+        if now <= span:
+            sig = snap.signals
+            timeline.append((now, n_live, len(system.serving()), sig.total_queue if sig else 0.0))
+    waits = [w for a, w in zip(system.arrival_t, system.queue_waits()) if a >= warmup_s]
+    slo = model.slo_queue_wait_s
+    ok = sum(1 for w in waits if w <= slo + 1e-9)
+    gpu_s = (gpu_at_span if gpu_at_span is not None else system.gpu_seconds(span)) - (gpu_at_warmup or 0.0)
+    span -= warmup_s
+    return Result(
+        policy=policy.name, target=target, requests=len(waits),
+        slo_attainment=ok / len(waits) if waits else 1.0,
+        p99_queue_wait_s=percentile(waits, 99), mean_queue_wait_s=sum(waits) / len(waits) if waits else 0.0,
+        gpu_replica_hours=gpu_s / 3600.0, max_replicas=max_live,
+        mean_replicas=gpu_s / span if span > 0 else float(max_live), span_s=span, decisions=decisions,
+        timeline=timeline,
+    )
+
+
+def peak_replicas(arrivals: list[Arrival], model: ServiceModel = ServiceModel(), window_s: float = 60.0) -> int:
+    """The replica count the trace's peak needs: the most service-seconds that arrive in any `window_s` window, spread
+    over that window, divided by the requests a replica serves at once."""
+    if not arrivals:
+        return 1
+    t = [a.t for a in arrivals]
+    s = [model.service_time(a.context_tokens, a.generated_tokens) for a in arrivals]
+    best = acc = 0.0
+    lo = 0
+    for hi in range(len(t)):
+        acc += s[hi]
+        while t[hi] - t[lo] > window_s:
+            acc -= s[lo]
+            lo += 1
+        best = max(best, acc)
+    return max(1, math.ceil(best / window_s / model.concurrency))
