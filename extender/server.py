@@ -82,12 +82,8 @@ async def _read_json(request: web.Request) -> Any:
     return json.loads(body)
 
 
-def _json(model: BaseModel | list, **dump: Any) -> web.Response:
-    if isinstance(model, list):
-        text = json.dumps([m.model_dump(**dump) for m in model])
-    else:
-        text = model.model_dump_json(**dump)
-    return web.Response(text=text, content_type="application/json")
+def _json(model: BaseModel) -> web.Response:
+    return web.Response(text=model.model_dump_json(), content_type="application/json")
 
 
 async def filter_verb(request: web.Request) -> web.Response:
@@ -97,7 +93,9 @@ async def filter_verb(request: web.Request) -> web.Response:
 
 async def prioritize_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
-    return _json(request.app[SERVICE].prioritize(args))
+    scored = request.app[SERVICE].prioritize(args)
+    return web.Response(text=json.dumps([{"Host": h, "Score": s} for h, s in scored]),
+                        content_type="application/json")
 
 
 async def bind_verb(request: web.Request) -> web.Response:

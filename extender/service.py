@@ -13,7 +13,7 @@ from . import verdicts
 from .binder import Binder, BindError
 from .metrics import Metrics
 from .view import ClusterView
-from .wire import (ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority)
+from .wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult
 
 log = logging.getLogger("gpuaas.extender")
 
@@ -60,11 +60,12 @@ class ExtenderService:
             keep = set(verdict.feasible)
             nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
                                              if n.get("metadata", {}).get("name") in keep]}
-        return ExtenderFilterResult(
+        return ExtenderFilterResult.model_construct(  # built here, valid by construction: skip re-validation
             Nodes=nodes, NodeNames=verdict.feasible if args.NodeNames is not None else None,
             FailedNodes=verdict.failed, FailedAndUnresolvableNodes=verdict.unresolvable, Error="")
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
+        """(host, score) pairs: the wire's HostPriorityList, left unwrapped because it can hold thousands."""
         demand = self._demand(args.Pod)
         state, policy = self.view.snapshot()
         scored, pick = verdicts.prioritize(state, policy, demand, args.node_names())
@@ -74,7 +75,7 @@ class ExtenderService:
             node = state.index[pick]
             self.view.assume(pod_key(args.Pod), pick, demand, tuple(policy.devices(state, demand, node)))
         self.metrics.decisions.labels("prioritize", "scored").inc(len(scored))
-        return [HostPriority(Host=h, Score=s) for h, s in scored]
+        return scored
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         key = f"{args.PodNamespace}/{args.PodName}"

@@ -5,6 +5,7 @@ configured policy ranks the ones that fit, on the extender's 0..10 scale.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -23,55 +24,77 @@ class FilterVerdict:
 
 def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
     """Model row per name, -1 for names the model does not know."""
-    index = state.index
-    return np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+    return np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
 
 
-def structural_misfits(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> list[str | None]:
-    """Per row: why the node can never hold the pod (no GPUs, a model the pod refuses, a MIG profile its GPU model
-    does not have, fewer GPUs than asked), or None. These go to FailedAndUnresolvableNodes, which preemption skips."""
-    out: list[str | None] = [None] * len(rows)
-    if pod.gpus == 0:
-        return out
-    allowed = state.model_allowed(pod)
-    for i, r in enumerate(rows):
-        if state.gpu_count[r] == 0:
-            out[i] = "node has no GPUs"
-            continue
-        model = state.models[state.model_idx[r]]
-        if not allowed[r]:
-            out[i] = f"GPU model {model.name} is not one the pod accepts ({', '.join(sorted(pod.allowed_models))})"
-        elif pod.mig_profile and pod.mig_profile not in model.mig_profiles:
-            known = ", ".join(p for p in model.mig_profiles if "+" not in p) or "none"
-            out[i] = f"no MIG layout of {model.name} has a {pod.mig_profile} instance (its profiles: {known})"
-        elif not pod.mig_profile and pod.gpu_milli == MILLI and pod.gpus > state.gpu_count[r]:
-            out[i] = f"pod asks for {pod.gpus} GPUs, the node has {state.gpu_count[r]}"
-    return out
+def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tuple[np.ndarray, list[str], int]:
+    """Why each node (model row) cannot take the pod now, for all rows at once: (code per row, message per code,
+    first resolvable code). Code 0 means it fits. Codes below the third value are structural (no GPUs, a model the pod refuses, a MIG profile its
+    GPU model does not have, fewer GPUs than asked): no waiting or preemption fixes them, and they go to
+    FailedAndUnresolvableNodes, which preemption skips. Messages are shared per code so that answering for thousands
+    of nodes costs array work, not string formatting per node."""
+    messages = [""]
+    code = np.zeros(len(rows), dtype=np.int64)
+
+    def mark(condition: np.ndarray, message: str) -> None:
+        nonlocal code
+        free = (code == 0) & condition
+        if free.any():
+            code[free] = len(messages)
+            messages.append(message)
+
+    gpus = state.gpu_count[rows]
+    model = state.model_idx[rows]
+    if pod.gpus:
+        mark(gpus == 0, "node has no GPUs")
+        allowed = state.model_allowed(pod)[rows]
+        for m, gm in enumerate(state.models):
+            on_model = model == m
+            mark(on_model & ~allowed, f"GPU model {gm.name} is not one the pod accepts "
+                                      f"({', '.join(sorted(pod.allowed_models))})")
+            if pod.mig_profile and pod.mig_profile not in gm.mig_profiles:
+                known = ", ".join(p for p in gm.mig_profiles if "+" not in p) or "none"
+                mark(on_model, f"no MIG layout of {gm.name} has a {pod.mig_profile} instance (its profiles: {known})")
+        if not pod.mig_profile and not pod.is_share:
+            for n in np.unique(gpus[gpus < pod.gpus]):
+                mark(gpus == n, f"pod asks for {pod.gpus} GPUs, the node has {n}")
+    resolvable = len(messages)
+    mark(state.cpu_left[rows] < pod.cpu_milli, f"insufficient cpu ({pod.cpu_milli}m requested)")
+    mark(state.mem_left[rows] < pod.memory_mib, f"insufficient memory ({pod.memory_mib}Mi requested)")
+    if pod.gpus:
+        fits = feasible(state, pod)[rows]
+        if pod.mig_profile:
+            mark(~fits, f"no free MIG instance {pod.mig_profile}")
+        elif pod.is_share:
+            mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
+        else:
+            whole_free = (state.gpu_left[rows] == MILLI).sum(axis=1)
+            for n in np.unique(whole_free[~fits]):
+                mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
+    return code, messages, resolvable
 
 
 def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
                  unreadable: dict[str, str] | None = None) -> FilterVerdict:
     verdict = FilterVerdict()
     rows = node_indices(state, names)
-    fits = feasible(state, pod)
     known = rows >= 0
-    ok = np.zeros(len(names), dtype=bool)
-    ok[known] = fits[rows[known]]
-    bad_rows = np.flatnonzero(known & ~ok)
-    misfits = structural_misfits(state, pod, rows[bad_rows])
-    bad = dict(zip(bad_rows.tolist(), misfits))
-    for i, name in enumerate(names):
-        if ok[i]:
-            verdict.feasible.append(name)
-        elif rows[i] < 0:
+    code = np.full(len(names), -1, dtype=np.int64)
+    code_known, messages, resolvable = misfit_reasons(state, pod, rows[known])
+    code[known] = code_known
+    ok = code == 0
+    verdict.feasible = list(compress(names, ok.tolist()))
+    for i in np.flatnonzero(~ok).tolist():
+        name, c = names[i], int(code[i])
+        if c < 0:
             if unreadable and name in unreadable:
                 verdict.unresolvable[name] = f"gpuaas cannot read this node: {unreadable[name]}"
             else:
                 verdict.failed[name] = UNKNOWN_NODE
-        elif bad[i] is not None:
-            verdict.unresolvable[name] = bad[i]
+        elif c < resolvable:
+            verdict.unresolvable[name] = messages[c]
         else:
-            verdict.failed[name] = infeasible_reason(state, pod, int(rows[i])) or "does not fit"
+            verdict.failed[name] = messages[c]
     return verdict
 
 
@@ -109,7 +132,8 @@ def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
     if node in verdict.unresolvable:
         out.update(fits=False, resolvable=False, reason=verdict.unresolvable[node])
     elif node in verdict.failed:
-        out.update(fits=False, resolvable=True, reason=verdict.failed[node])
+        out.update(fits=False, resolvable=True, reason=verdict.failed[node],
+                   detail=infeasible_reason(state, pod, state.index[node]))
     else:
         scores = dict(prioritize(state, policy, pod, verdict.feasible)[0])
         rank = sorted(scores.values(), reverse=True).index(scores[node]) + 1

@@ -33,7 +33,6 @@ class Placement:
     node: str
     demand: PodDemand
     devices: tuple[int, ...]
-    assumed_until: float | None = None  # set while only this extender knows of the binding
 
 
 class ClusterView:
@@ -48,6 +47,7 @@ class ClusterView:
         self.bad_nodes: dict[str, str] = {}  # nodes that could not be read, with the reason (shown in filter)
         self.pods: dict[str, BoundPod] = {}  # pods holding resources, by namespace/name
         self.placements: dict[str, Placement] = {}  # what the model holds, by pod key
+        self.assumed: dict[str, float] = {}  # pod key -> deadline, for the placements only this extender knows
         self.state: ClusterState | None = None
         self.policy: Policy | None = None
         self._dirty = True
@@ -92,7 +92,7 @@ class ClusterView:
             # An assumed pod seen before its binding (nodeName still empty) keeps its GPUs; a deleted or finished
             # one gives them back.
             finished = new is None or (new.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            if placement is not None and (placement.assumed_until is None or finished):
+            if placement is not None and (key not in self.assumed or finished):
                 self._unplace(key)
             return
         try:
@@ -106,7 +106,7 @@ class ClusterView:
         if placement is not None:
             same = placement.node == bound.node and (bound.devices is None or bound.devices == placement.devices)
             if same:
-                placement.assumed_until = None  # the watch confirms what was assumed
+                self.assumed.pop(key, None)  # the watch confirms what was assumed
                 return
             self._unplace(key)
         self._place(bound)
@@ -134,13 +134,13 @@ class ClusterView:
         self.policy = make_policy(self.policy_name, self.state, self.workload())
         self.rebuilds += 1
         self._dirty = False
-        old = self.placements
-        self.placements = {}
+        old, old_assumed = self.placements, self.assumed
+        self.placements, self.assumed = {}, {}
         # Re-place what was held: confirmed pods first (the apiserver's truth), then live assumptions.
         for key, bound in self.pods.items():
             self._place(bound, keep_assumed=old.get(key))
         for key, placement in old.items():
-            if key not in self.placements and placement.assumed_until is not None:
+            if key not in self.placements and key in old_assumed:
                 self.assume(key, placement.node, placement.demand, placement.devices)
 
     def _place(self, bound: BoundPod, keep_assumed: Placement | None = None) -> None:
@@ -165,6 +165,7 @@ class ClusterView:
         self.policy.observe(node)
 
     def _unplace(self, key: str) -> None:
+        self.assumed.pop(key, None)
         placement = self.placements.pop(key, None)
         if placement is None or self.state is None or self._dirty:
             return
@@ -180,18 +181,18 @@ class ClusterView:
         node = state.index[node_name]
         self._unplace(key)
         state.place(node, demand, devices)
-        self.placements[key] = Placement(node_name, demand, tuple(devices), self.clock() + self.assume_ttl)
+        self.placements[key] = Placement(node_name, demand, tuple(devices))
+        self.assumed[key] = self.clock() + self.assume_ttl
         policy.observe(node)
 
     def forget(self, key: str) -> None:
         """Drop an assumption (the binding failed)."""
-        placement = self.placements.get(key)
-        if placement is not None and placement.assumed_until is not None:
+        if key in self.assumed:
             self._unplace(key)
 
     def _expire_assumptions(self) -> None:
         now = self.clock()
-        for key in [k for k, p in self.placements.items() if p.assumed_until is not None and p.assumed_until < now]:
+        for key in [k for k, deadline in self.assumed.items() if deadline < now]:
             log.warning("assumed binding of %s to %s not seen within %.0fs; releasing its GPUs",
                         key, self.placements[key].node, self.assume_ttl)
             self._unplace(key)
@@ -207,5 +208,5 @@ class ClusterView:
 
     def stats(self) -> dict[str, int]:
         return {"nodes": len(self.nodes), "gpu_nodes": sum(1 for s in self.specs.values() if s.gpus),
-                "pods": len(self.pods), "assumed": sum(p.assumed_until is not None for p in self.placements.values()),
+                "pods": len(self.pods), "assumed": len(self.assumed),
                 "unreadable_nodes": len(self.bad_nodes)}

@@ -1,0 +1,151 @@
+"""The extender's model of the cluster: informer events in, GPUs held out; assumptions confirmed or expired."""
+from __future__ import annotations
+
+import asyncio
+
+from extender.binder import BindError
+from extender.metrics import Metrics
+from extender.service import ExtenderService
+from extender.view import ClusterView
+from extender.wire import ExtenderArgs, ExtenderBindingArgs
+from scoring.model import MILLI
+
+from .fixtures import bound, names, nodes, pending
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def view_with_nodes(clock=None) -> ClusterView:
+    view = ClusterView("gpuaas", assume_ttl=30, clock=clock or Clock())
+    for n in nodes():
+        view.on_change("Node", None, n)
+    return view
+
+
+def free_gpus(view: ClusterView, node: str) -> int:
+    state, _ = view.snapshot()
+    return int((state.gpu_left[state.index[node]] == MILLI).sum())
+
+
+def test_bound_pods_hold_their_recorded_gpus_and_release_them_when_deleted():
+    view = view_with_nodes()
+    pod = bound(pending("train", gpus=4), "a100-0001", "2,3,4,5")
+    view.on_change("Pod", None, pod)
+    state, _ = view.snapshot()
+    assert state.gpu_left[state.index["a100-0001"]].tolist() == [1000, 1000, 0, 0, 0, 0, 1000, 1000]
+    view.on_change("Pod", pod, None)
+    assert free_gpus(view, "a100-0001") == 8
+
+
+def test_finished_pods_give_their_gpus_back():
+    view = view_with_nodes()
+    pod = bound(pending("job", gpus=8), "a100-0000")
+    view.on_change("Pod", None, pod)
+    assert free_gpus(view, "a100-0000") == 0
+    view.on_change("Pod", pod, {**pod, "status": {"phase": "Succeeded"}})
+    assert free_gpus(view, "a100-0000") == 8
+
+
+def test_node_heartbeats_do_not_rebuild_the_model():
+    view = view_with_nodes()
+    view.snapshot()
+    node = nodes()[0]
+    beat = {**node, "status": {**node["status"], "conditions": [{"type": "Ready", "status": "True"}]}}
+    view.on_change("Node", node, beat)
+    view.snapshot()
+    assert view.rebuilds == 1
+
+
+def test_assumption_is_kept_until_confirmed_and_dropped_after_its_ttl():
+    clock = Clock()
+    view = view_with_nodes(clock)
+    state, _ = view.snapshot()
+    demand = view.demand(pending("p", gpus=8))
+    view.assume("ml/p", "a100-0002", demand, tuple(range(8)))
+    assert free_gpus(view, "a100-0002") == 0
+    # The pod's own update (no nodeName yet) must not release what bind holds.
+    view.on_change("Pod", None, pending("p", gpus=8))
+    assert free_gpus(view, "a100-0002") == 0
+    clock.now = 31
+    assert free_gpus(view, "a100-0002") == 8  # never confirmed: released
+
+    view.assume("ml/p", "a100-0002", demand, tuple(range(8)))
+    view.on_change("Pod", None, bound(pending("p", gpus=8), "a100-0002", "0,1,2,3,4,5,6,7"))
+    clock.now = 100
+    assert free_gpus(view, "a100-0002") == 0  # confirmed by the watch: no expiry
+    assert view.stats()["assumed"] == 0
+
+
+class RecordingBinder:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str, dict]] = []
+        self.fail = fail
+
+    async def bind(self, namespace, name, uid, node, annotations):
+        self.calls.append((name, node, annotations))
+        if self.fail:
+            raise BindError("apiserver said no")
+
+
+def service(view, binder, pods):
+    async def lookup(ns, name):
+        return pods.get(f"{ns}/{name}")
+    return ExtenderService(view, binder, Metrics(), lookup)
+
+
+def test_a_burst_of_binds_never_double_books_a_gpu():
+    """Ten 1-GPU pods bound to one 8-GPU node before any watch event: eight get distinct GPUs, two are refused."""
+    view = view_with_nodes()
+    pods = {f"ml/b{i}": pending(f"b{i}", gpus=1) for i in range(10)}
+    binder = RecordingBinder()
+    svc = service(view, binder, pods)
+
+    async def burst():
+        return [await svc.bind(ExtenderBindingArgs(PodName=f"b{i}", PodNamespace="ml", PodUID=f"uid-b{i}",
+                                                    Node="h100-0000")) for i in range(10)]
+
+    results = asyncio.run(burst())
+    devices = [c[2]["gpuaas.io/devices"] for c in binder.calls]
+    assert len(devices) == 4 == len(set(devices))  # h100-0000 has 4 GPUs
+    refused = [r.Error for r in results if r.Error]
+    assert len(refused) == 6 and all("no longer fits on h100-0000" in e for e in refused)
+
+
+def test_prioritize_holds_its_pick_and_bind_moves_it_where_the_scheduler_chose():
+    view = view_with_nodes()
+    pods = {"ml/p": pending("p", gpus=4)}
+    svc = service(view, RecordingBinder(), pods)
+    scored = svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["h100-0000", "h100-0001"]))
+    pick = max(scored, key=lambda hs: hs[1])[0]
+    other = "h100-0001" if pick == "h100-0000" else "h100-0000"
+    assert sorted(s for _, s in scored) == [9, 10]  # a tie at the top is ranked, so the scheduler follows
+    assert free_gpus(view, pick) == 0
+    result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName="p", PodNamespace="ml", PodUID="uid-p", Node=other)))
+    assert result.Error == ""
+    assert free_gpus(view, pick) == 4 and free_gpus(view, other) == 0
+
+
+def test_failed_bind_releases_the_gpus():
+    view = view_with_nodes()
+    pods = {"ml/p": pending("p", gpus=8)}
+    svc = service(view, RecordingBinder(fail=True), pods)
+    result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName="p", PodNamespace="ml", PodUID="uid-p",
+                                                      Node="a100-0000")))
+    assert "apiserver said no" in result.Error
+    assert free_gpus(view, "a100-0000") == 8
+
+
+def test_unreadable_nodes_are_unresolvable_with_the_reason():
+    view = view_with_nodes()
+    broken = nodes()[0]
+    broken["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-Z9000"
+    view.on_change("Node", nodes()[0], broken)
+    svc = service(view, RecordingBinder(), {})
+    result = svc.filter(ExtenderArgs(Pod=pending("p", gpus=1), NodeNames=names()))
+    assert "unknown GPU model 'NVIDIA-Z9000'" in result.FailedAndUnresolvableNodes["a100-0000"]
