@@ -294,9 +294,10 @@ def _layout_options(model: GpuModel) -> list[dict[str, int]]:
 
 
 def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_limit: float = DEFAULT_TIME_LIMIT,
-                    max_gpus: int = 256) -> MigPlan:
+                    max_gpus: int = 256, nodes: Sequence[int] | None = None) -> MigPlan:
     """New layouts for idle MIG-capable GPUs (no allocated instance, no share in use) that serve the most pending MIG
-    requests beyond what free instances already serve; then touch the fewest GPUs."""
+    requests beyond what free instances already serve; then touch the fewest GPUs. `nodes` limits the candidates
+    (e.g. to nodes with CPU and memory left for the pending pods)."""
     import time
 
     t0 = time.perf_counter()
@@ -308,7 +309,7 @@ def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_l
     need = Counter({p: max(0, n - free_now.get(p, 0)) for p, n in demand.items()})
     need = +need
     idle = []
-    for n in range(len(state)):
+    for n in (range(len(state)) if nodes is None else nodes):
         if not state.gpu_count[n]:
             continue
         model = state.models[state.model_idx[n]]

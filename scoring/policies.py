@@ -11,6 +11,7 @@ Policies are registered by name (POLICIES) and built with `make_policy(name, sta
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -276,47 +277,113 @@ def make_policy(name: str, state: ClusterState, workload: Workload | None = None
     return factory(state, workload, rng)
 
 
-class GpuaasPolicy(FgdPolicy):
-    """Ours (experimental knobs while tuning)."""
+class FirstFitPolicy(_Base):
+    """The first feasible node in cluster order, the first GPU (or MIG instance) that fits on it."""
 
-    name = "gpuaas"
-
-    def __init__(self, state, workload=None, rng=None, *, truncate=True, scale=1000.0, pack=0.0, packmode="gpu",
-                 order=None, gpu_float=False):
-        super().__init__(state, workload, rng)
-        self.gpu_float = gpu_float
-        if order is not None:
-            self.tie_order = order
-        self.truncate = truncate
-        self.scale = scale
-        self.pack = pack
-        self.packmode = packmode
-
-    def _int_score(self, delta):
-        return np.trunc(sigmoid(delta / self.scale) * MAX_NODE_SCORE) if self.truncate else delta
+    name = "first-fit"
 
     def score(self, state, pod, mask):
-        s = super().score(state, pod, mask)
-        if self.pack:
-            cap = np.maximum(state.gpu_count, 1) * MILLI
-            if self.packmode == "gpu":
-                used = 1.0 - state.gpu_left.sum(axis=1) / cap
-            elif self.packmode == "both":
-                used = 0.5 * (1.0 - state.gpu_left.sum(axis=1) / cap) + 0.5 * (1 - state.cpu_left / np.maximum(state.cpu_cap, 1))
-            else:
-                used = (state.gpu_left.sum(axis=1) < cap).astype(float)
-            s = s + self.pack * used
-        return s
+        return -np.arange(len(state), dtype=float)
 
     def share_gpu(self, state, pod, node):
-        if not self.gpu_float:
-            return super().share_gpu(state, pod, node)
+        return int(np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)[0])
+
+
+class GpuaasPolicy(FgdPolicy):
+    """Ours: FGD's expected-fragmentation gradient, made topology- and MIG-aware.
+
+    Node score = FGD's banded score (int(100 * sigmoid(dF / 1000)); the bands make nearly equal choices tie, and ties
+    then go to one consistent node order, which is what packs) + tie-breakers worth less than one band:
+      * multi-GPU pods: +TOPOLOGY_BONUS if the node can hold the pod inside one NVLink/NUMA block;
+      * consolidation: up to CONSOLIDATION of how full the node already is (GPU and CPU), so partly used nodes fill
+        before idle ones are opened.
+    Devices: a GPU share goes to the GPU with the largest exact fragmentation decrease, then the tightest fit; whole
+    GPUs stay inside one block and keep other aligned blocks free; MIG requests go to partly used MIG GPUs first so
+    idle GPUs stay available for repartitioning.
+    """
+
+    name = "gpuaas"
+    TOPOLOGY_BONUS = 0.5
+    CONSOLIDATION = 0.45
+
+    def score(self, state, pod, mask):
+        if pod.mig_profile:
+            return self._mig_score(state, pod, mask)
+        s = super().score(state, pod, mask)
+        if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
+            s = s + self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus)
+        cap = np.maximum(state.gpu_count, 1) * MILLI
+        gpu_used = 1.0 - state.gpu_left.sum(axis=1) / cap
+        cpu_used = 1.0 - state.cpu_left / np.maximum(state.cpu_cap, 1)
+        return s + self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
+
+    def _mig_score(self, state, pod, mask):
+        """MIG requests: use instances on GPUs that already serve others (idle GPUs stay free to repartition), avoid
+        nodes where this pod's CPU/memory would strand the remaining MIG capacity, consolidate across nodes."""
+        col = state.mig_pos.get(pod.mig_profile)
+        out = np.zeros(len(state))
+        if col is None:
+            return out
+        free_here = state.mig_free[:, :, col] > 0
+        partly_used = state.mig_mask > 0
+        on_partial = (free_here & partly_used).any(axis=1)
+        node_used = partly_used.any(axis=1) | (state.gpu_left.sum(axis=1) < state.gpu_count * MILLI)
+        # Remaining MIG capacity on the node after this pod, in compute slices (free instances + idle GPUs)...
+        left_slices = state.mig_free.sum(axis=2).sum(axis=1) - 1
+        # ...is stranded when the node's CPU or memory left cannot host another pod like this one.
+        cpu_after = state.cpu_left - pod.cpu_milli
+        mem_after = state.mem_left - pod.memory_mib
+        stranded = (cpu_after < pod.cpu_milli) | (mem_after < pod.memory_mib)
+        strand_cost = np.where(stranded, np.minimum(left_slices, 7) / 7.0, 0.0)
+        return 4.0 * on_partial + 1.0 * node_used - 2.0 * strand_cost
+
+    def devices(self, state, pod, node):
+        if pod.mig_profile:
+            col = state.mig_pos[pod.mig_profile]
+            gpus = np.flatnonzero(state.mig_free[node, :, col] > 0)
+            used_slices = np.array([bin(int(m)).count("1") for m in state.mig_mask[node, gpus]])
+            return (int(gpus[np.lexsort((gpus, -used_slices))[0]]),)
+        if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
+            return topology_gpus(state, node, pod.gpus)
+        return super().devices(state, pod, node)
+
+    def share_gpu(self, state, pod, node):
         fx = self.index
         gpus = np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)
         rows = np.full(gpus.size, node)
         delta = fx.frag[rows] - fx.frag_after_share(rows, gpus, pod)
         left = state.gpu_left[node, gpus]
-        return int(gpus[np.lexsort((left, -delta))[0]])
+        return int(gpus[np.lexsort((gpus, left, -delta))[0]])
+
+
+def fits_in_one_block(state: ClusterState, k: int) -> np.ndarray:
+    """float[N]: 1 where some NVLink/NUMA block on the node has k fully free GPUs."""
+    free = state.gpu_left == MILLI
+    blocks = np.unique(state.block)
+    best = np.zeros(len(state), dtype=np.int64)
+    for b in blocks:
+        best = np.maximum(best, (free & (state.block == b)).sum(axis=1))
+    return (best >= k).astype(float)
+
+
+def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
+    """k free GPUs spanning the fewest blocks; among those, the set that leaves the most blocks entirely free, then
+    the most free GPUs in the emptiest remaining block (keeps big aligned sets for later), then lowest indices."""
+    from itertools import combinations
+
+    free = [int(g) for g in np.flatnonzero(state.gpu_left[node] == MILLI)]
+    blk = state.block[node]
+    size = Counter(int(blk[g]) for g in range(int(state.gpu_count[node])))
+    best_key, best = None, None
+    for combo in combinations(free, k):
+        rest = Counter(int(blk[g]) for g in free if g not in combo)
+        spanned = len({int(blk[g]) for g in combo})
+        whole_free = sum(1 for b, n in rest.items() if n == size[b])
+        key = (spanned, -whole_free, -max(rest.values(), default=0), combo)
+        if best_key is None or key < best_key:
+            best_key, best = key, combo
+    return tuple(best)
 
 
 POLICIES[GpuaasPolicy.name] = GpuaasPolicy
+POLICIES[FirstFitPolicy.name] = FirstFitPolicy

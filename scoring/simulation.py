@@ -92,8 +92,10 @@ class SimulationResult:
 
 
 def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str, seed: int, tune: float = 1.3,
-             progress: Callable[[int, int], None] | None = None, workload: Workload | None = None) -> SimulationResult:
-    """Run the protocol for one policy and seed."""
+             progress: Callable[[int, int], None] | None = None, workload: Workload | None = None,
+             on_place: Callable[[ClusterState, int, PodDemand, tuple[int, ...]], None] | None = None,
+             ) -> SimulationResult:
+    """Run the protocol for one policy and seed. `on_place(state, node, pod, gpus)` is called before each binding."""
     rng = np.random.default_rng(seed)
     state = ClusterState(nodes)
     typical = workload if workload is not None else Workload.typical(trace)
@@ -129,6 +131,8 @@ def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str,
             failed += 1
         else:
             before_frag, before_idle = metric.frag[node], metric.idle[node]
+            if on_place is not None:
+                on_place(state, node, pod, gpus)
             state.place(node, pod, gpus)
             chooser.observe(node)
             if metric is not getattr(chooser, "index", None):

@@ -114,3 +114,69 @@ def test_normalize_to_extender_priority(scores, mask, expected):
 def test_make_policy_unknown_name_lists_known():
     with pytest.raises(KeyError, match="known: random"):
         make_policy("nope", state())
+
+
+# -- ours --------------------------------------------------------------------------------------------------------------
+
+from scoring.policies import GpuaasPolicy, fits_in_one_block, topology_gpus  # noqa: E402
+
+
+def eight_gpu_state():
+    # One HGX-style board: GPUs 0-3 are block 0, 4-7 block 1.
+    return ClusterState([NodeSpec("h", 96_000, 1_048_576, 8, "H100-80GB")])
+
+
+@pytest.mark.parametrize("busy, k, expected", [
+    # GPU 0 busy. A 2-GPU pod: block 0 has {1,2,3}, block 1 is whole. Taking 1,2 keeps block 1 entirely free.
+    ((0,), 2, (1, 2)),
+    # GPUs 0 and 5 busy. 4-GPU pod: no block has 4 free -> must span 2 blocks; any such set leaves nothing whole.
+    # Lowest-indices tie-break among sets that leave the largest remaining group: {1,2,3,4} leaves {6,7}.
+    ((0, 5), 4, (1, 2, 3, 4)),
+    # Nothing busy, 4 GPUs: one whole block, the other stays whole.
+    ((), 4, (0, 1, 2, 3)),
+    # GPUs 1 and 2 busy: a 2-GPU pod fits in block 0 as {0,3} (1 block) -> keeps block 1 whole.
+    ((1, 2), 2, (0, 3)),
+])
+def test_topology_gpus(busy, k, expected):
+    s = eight_gpu_state()
+    for g in busy:
+        s.place(0, PodDemand(gpus=1, gpu_milli=1000), (g,))
+    assert topology_gpus(s, 0, k) == expected
+
+
+def test_fits_in_one_block():
+    s = ClusterState([NodeSpec("h", 96_000, 1, 8, "H100-80GB"), NodeSpec("h2", 96_000, 1, 8, "H100-80GB")])
+    s.place(0, PodDemand(gpus=1, gpu_milli=1000), (0,))
+    s.place(0, PodDemand(gpus=1, gpu_milli=1000), (4,))
+    # Node 0 has 3 free per block: a 4-GPU pod cannot stay in one block there; node 1 can.
+    assert fits_in_one_block(s, 4).tolist() == [0.0, 1.0]
+    assert fits_in_one_block(s, 3).tolist() == [1.0, 1.0]
+
+
+def test_gpuaas_multi_gpu_pod_prefers_node_where_it_stays_in_one_block():
+    s = ClusterState([NodeSpec("h", 96_000, 1, 8, "H100-80GB"), NodeSpec("h2", 96_000, 1, 8, "H100-80GB")])
+    for g in (0, 4):
+        s.place(0, PodDemand(gpus=1, gpu_milli=1000), (g,))
+    s.place(1, PodDemand(gpus=1, gpu_milli=1000), (0,))
+    wl = Workload((Shape(1000, 1000, 1, frozenset()),), np.array([1.0]))
+    policy = GpuaasPolicy(s, wl)
+    pod = PodDemand(gpus=4, gpu_milli=1000)
+    scores = policy.score(s, pod, feasible(s, pod))
+    # Both nodes: same FGD band (every free GPU serves the 1-GPU shape either way). Node 1 can hold 4 in block 1
+    # (+0.5); node 0 cannot; consolidation (< 0.45) cannot outweigh that.
+    assert scores[1] > scores[0]
+    assert policy.devices(s, pod, 1) == (4, 5, 6, 7)
+
+
+def test_gpuaas_mig_uses_partly_used_gpu_first():
+    spec = NodeSpec("m", 64_000, 512_000, 2, "A100-80GB", mig_layouts=({"1g.10gb": 7}, {"1g.10gb": 7}))
+    s = ClusterState([spec, spec.__class__("m2", 64_000, 512_000, 2, "A100-80GB",
+                                           mig_layouts=({"1g.10gb": 7}, {"1g.10gb": 7}))])
+    s.place(1, PodDemand(gpus=1, mig_profile="1g.10gb"), (1,))
+    wl = Workload((Shape(1000, 1000, 1, frozenset()),), np.array([1.0]))
+    policy = GpuaasPolicy(s, wl)
+    pod = PodDemand(cpu_milli=1000, gpus=1, mig_profile="1g.10gb")
+    scores = policy.score(s, pod, feasible(s, pod))
+    # Node 1's GPU 1 already serves an instance: use it and keep node 0's GPUs idle for repartitioning.
+    assert scores[1] > scores[0]
+    assert policy.devices(s, pod, 1) == (1,)
