@@ -141,9 +141,11 @@ class QueueDepthPolicy:
             why += f"; keeping {current}: the highest recommendation of the last {window:.0f}s"
         else:
             reason = "Steady"
+        limited = None
         if desired != stabilized:
             why += f"; clamped to [{c.min_replicas}, {c.max_replicas}]"
-        return Decision(desired, reason, why), state
+            limited = "TooManyReplicas" if stabilized > desired else "TooFewReplicas"
+        return Decision(desired, reason, why, limited=limited), state
 
 
 # ---- HPA --------------------------------------------------------------------------------------------------------------

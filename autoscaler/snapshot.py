@@ -50,3 +50,4 @@ class Decision:
     reason: str  # short CamelCase reason (event reason / condition reason)
     message: str
     scale_down_blocked: bool = False  # True when data was missing and a scale-down was refused for that
+    limited: str | None = None  # "TooManyReplicas" / "TooFewReplicas" when min/max changed the recommendation

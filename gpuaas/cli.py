@@ -13,6 +13,7 @@ VERB_MODULES = (
     "gpuaas.demo",
     "gpuaas.cluster.cli",
     "extender.cli",
+    "autoscaler.cli",  # before simulate.cli: it adds `simulate autoscaling`
     "gpuaas.simulate.cli",
 )
 

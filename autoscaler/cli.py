@@ -1,0 +1,122 @@
+"""`gpuaas autoscaler` (the controller), `gpuaas metrics-api` (custom.metrics.k8s.io for the HPA) and `gpuaas loadgen`
+(the load replayer). Importing this module also adds `gpuaas simulate autoscaling` (gpuaas/simulate/autoscaling_cli.py).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+import gpuaas.simulate.autoscaling_cli  # noqa: F401  (registers `gpuaas simulate autoscaling`)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("autoscaler", help="scale inference Deployments on queue depth and arrival rate",
+                              description="Scale the Deployments of a config file on queue depth and arrival rate "
+                                          "read from Prometheus (see docs/autoscaling.md).")
+    p.add_argument("--config", required=True, help="YAML config (autoscaler/config.py documents the fields)")
+    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--dry-run", action="store_true", help="decide and record events, never change a replica count")
+    p.add_argument("--once", action="store_true", help="one sync of every target, then exit")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_autoscaler)
+
+    m = subparsers.add_parser("metrics-api", help="serve custom.metrics.k8s.io (queue depth) to the HPA",
+                              description="An aggregated API server for custom.metrics.k8s.io v1beta1/v1beta2.")
+    m.add_argument("--config", help="YAML (prometheus, metrics, allowed_client_names); default: queue_depth from "
+                                     "vllm:num_requests_waiting on http://127.0.0.1:9090")
+    m.add_argument("--kubeconfig")
+    m.add_argument("--host", default="0.0.0.0")
+    m.add_argument("--port", type=int, default=6443)
+    m.add_argument("--tls-cert", required=True)
+    m.add_argument("--tls-key", required=True)
+    m.add_argument("--client-ca", required=True, help="the front-proxy CA (requestheader-client-ca-file)")
+    m.set_defaults(func=cmd_metrics_api)
+
+    g = subparsers.add_parser("loadgen", help="replay a request trace against a Deployment's pods, export metrics",
+                              description="Drive simulated inference replicas, one per pod of a Deployment, from a "
+                                          "request trace, and serve their vLLM-style metrics on /metrics.")
+    g.add_argument("--kubeconfig")
+    g.add_argument("--namespace", default="default")
+    g.add_argument("--deployment", required=True)
+    g.add_argument("--trace", required=True)
+    g.add_argument("--rate-scale", type=int, default=1)
+    g.add_argument("--port", type=int, default=9400)
+    g.add_argument("--cold-start", type=float, default=60.0)
+    g.add_argument("--concurrency", type=int, default=8)
+    g.set_defaults(func=cmd_loadgen)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_autoscaler(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_autoscaler_config
+    from .controller import build
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_autoscaler_config(args.config)
+        if args.dry_run:
+            config = config.model_copy(update={"dry_run": True})
+        controller = build(config, args.kubeconfig)
+    except ConfigError as exc:
+        print(f"gpuaas autoscaler: refusing to start:\n{exc}", file=sys.stderr)
+        return 2
+    if args.once:
+        for key, d in controller.sync_once().items():
+            print(f"{key}: {d.desired} ({d.reason}) {d.message}")
+        return 0
+    controller.run(_stop_on_signals())
+    return 0
+
+
+def cmd_metrics_api(args: argparse.Namespace) -> int:
+    from gpuaas.kubeclient import api_client
+
+    from .config import ConfigError, MetricsApiConfig, load_metrics_api_config
+    from .metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
+    from .prom import Prometheus
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_metrics_api_config(args.config) if args.config else MetricsApiConfig()
+        ctx = server_ssl_context(args.tls_cert, args.tls_key, args.client_ca)
+    except ConfigError as exc:
+        print(f"gpuaas metrics-api: refusing to start:\n{exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"gpuaas metrics-api: TLS files: {exc}", file=sys.stderr)
+        return 2
+    prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
+    backend = Backend(config, prom, KubePods(api_client(args.kubeconfig)))
+    MetricsApiServer(init_app(backend, config.allowed_client_names), host=args.host, port=args.port,
+                     ssl_context=ctx).run()
+    return 0
+
+
+def cmd_loadgen(args: argparse.Namespace) -> int:
+    from gpuaas.kubeclient import api_client
+    from gpuaas.loadgen.replayer import Replayer
+    from gpuaas.loadgen.serving import ServiceModel
+    from gpuaas.loadgen.trace import TraceError, load_trace, scale_rate
+
+    try:
+        arrivals = scale_rate(load_trace(args.trace), args.rate_scale)
+        model = ServiceModel(cold_start_s=args.cold_start, concurrency=args.concurrency)
+    except (TraceError, ValueError, OSError) as exc:
+        print(f"gpuaas loadgen: {exc}", file=sys.stderr)
+        return 2
+    replayer = Replayer(api_client(args.kubeconfig), args.namespace, args.deployment, arrivals, model=model,
+                        port=args.port).start()
+    print(f"replaying {len(arrivals)} requests; metrics on http://127.0.0.1:{replayer.port}/metrics", file=sys.stderr)
+    _stop_on_signals().wait()
+    replayer.stop()
+    return 0

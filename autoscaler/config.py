@@ -1,0 +1,221 @@
+"""Configuration of `gpuaas autoscaler` and of the custom-metrics API (pydantic: validated at start, errors name the
+field). A YAML file:
+
+    prometheus: {url: http://prometheus:9090, timeout_s: 5}
+    interval_s: 15
+    dry_run: false
+    targets:
+      - deployment: llm            # scaled through its scale subresource
+        namespace: inference
+        min_replicas: 1
+        max_replicas: 40
+        concurrency: 8             # requests one replica serves at once
+        cold_start_s: 60           # from asking for a replica to its first request
+        queries: {}                # PromQL templates; the defaults below fit vLLM plus the gpuaas gateway counters
+
+Query templates are formatted with {namespace}, {deployment}, {pods} (a regex alternation of the target's pod names)
+and the windows {rate_window}, {short_rate_window}, {service_window}.
+"""
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .policy import QueueDepthConfig
+
+DEFAULT_QUERIES = {
+    "queue_per_pod": 'sum by (pod) (vllm:num_requests_waiting{{namespace="{namespace}",pod=~"{pods}"}})',
+    "gateway_waiting": 'sum(gpuaas_gateway_requests_waiting{{namespace="{namespace}",deployment="{deployment}"}})',
+    "arrival_rate": 'sum(rate(gpuaas_gateway_requests_total{{namespace="{namespace}",deployment="{deployment}"}}'
+                    '[{rate_window}]))',
+    "arrival_rate_short": 'sum(rate(gpuaas_gateway_requests_total{{namespace="{namespace}",'
+                          'deployment="{deployment}"}}[{short_rate_window}]))',
+    "service_time": 'sum(rate(vllm:request_inference_time_seconds_sum{{namespace="{namespace}",pod=~"{pods}"}}'
+                    '[{service_window}])) / sum(rate(vllm:request_inference_time_seconds_count{{'
+                    'namespace="{namespace}",pod=~"{pods}"}}[{service_window}]))',
+}
+PLACEHOLDERS = {"namespace", "deployment", "pods", "rate_window", "short_rate_window", "service_window"}
+REQUIRED_QUERIES = ("queue_per_pod", "arrival_rate")
+DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and the field."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrometheusConfig(Strict):
+    url: str = "http://127.0.0.1:9090"
+    timeout_s: float = Field(5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"must be an http(s) URL, got {v!r}")
+        return v
+
+
+class Windows(Strict):
+    rate_window: str = "1m"
+    short_rate_window: str = "30s"
+    service_window: str = "2m"
+
+    @field_validator("rate_window", "short_rate_window", "service_window")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        if not DURATION.match(v):
+            raise ValueError(f"must be a PromQL duration such as 30s or 2m, got {v!r}")
+        return v
+
+
+class Target(Strict):
+    deployment: str
+    namespace: str = "default"
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(100, ge=1)
+    concurrency: int = Field(8, ge=1)
+    cold_start_s: float = Field(60.0, ge=0)
+    beta: float = Field(1.5, ge=0)
+    drain_s: float | None = Field(None, gt=0)
+    scale_down_window_s: float | None = Field(None, ge=0)
+    default_service_time_s: float = Field(1.0, gt=0)
+    windows: Windows = Windows()
+    queries: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("deployment", "namespace")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS_LABEL.match(v):
+            raise ValueError(f"must be a Kubernetes name (lowercase letters, digits, '-'), got {v!r}")
+        return v
+
+    @field_validator("queries")
+    @classmethod
+    def _queries(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - set(DEFAULT_QUERIES))
+        if unknown:
+            raise ValueError(f"unknown query {', '.join(unknown)}; known: {', '.join(DEFAULT_QUERIES)}")
+        for name, template in v.items():
+            try:
+                fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            except ValueError as exc:
+                raise ValueError(f"{name}: not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
+            bad = sorted(fields - PLACEHOLDERS)
+            if bad:
+                raise ValueError(f"{name}: unknown placeholder {', '.join('{' + b + '}' for b in bad)}; "
+                                 f"known: {', '.join(sorted(PLACEHOLDERS))}")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Target":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.deployment}"
+
+    def query(self, name: str, pods: list[str]) -> str | None:
+        template = self.queries.get(name, DEFAULT_QUERIES[name])
+        if not template:  # an optional query switched off with ""
+            return None
+        return template.format(namespace=self.namespace, deployment=self.deployment,
+                               pods="|".join(p.replace(".", "\\\\.") for p in pods) or "^$",
+                               **self.windows.model_dump())
+
+    def policy_config(self, sync_period_s: float) -> QueueDepthConfig:
+        return QueueDepthConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                                concurrency=self.concurrency, cold_start_s=self.cold_start_s, beta=self.beta,
+                                drain_s=self.drain_s, scale_down_window_s=self.scale_down_window_s,
+                                default_service_time_s=self.default_service_time_s, sync_period_s=sync_period_s)
+
+
+class AutoscalerConfig(Strict):
+    prometheus: PrometheusConfig = PrometheusConfig()
+    interval_s: float = Field(15.0, gt=0)
+    dry_run: bool = False
+    targets: list[Target] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "AutoscalerConfig":
+        keys = [t.key for t in self.targets]
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        if dup:
+            raise ValueError(f"target {', '.join(dup)} listed more than once")
+        for t in self.targets:
+            for name in REQUIRED_QUERIES:
+                if name in t.queries and not t.queries[name]:
+                    raise ValueError(f"target {t.key}: query {name} is required and may not be empty")
+        return self
+
+
+class MetricRule(Strict):
+    """One metric the custom-metrics API serves: per pod from `pod_query`, per object (a Deployment: the sum over
+    its pods, plus `extra_object_query` if given) from the same series."""
+    name: str
+    series: str = "vllm:num_requests_waiting"  # the per-pod series; it must carry `namespace` and `pod` labels
+    extra_object_query: str | None = None  # added to a Deployment's value; {namespace} and {deployment} placeholders
+
+    @field_validator("name")
+    @classmethod
+    def _metric_name(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$", v):
+            raise ValueError(f"must be lowercase letters, digits, '-' or '_', got {v!r}")
+        return v
+
+    @field_validator("series")
+    @classmethod
+    def _series(cls, v: str) -> str:
+        if not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", v):
+            raise ValueError(f"must be a Prometheus metric name, got {v!r}")
+        return v
+
+
+class MetricsApiConfig(Strict):
+    prometheus: PrometheusConfig = PrometheusConfig()
+    metrics: list[MetricRule] = Field(default_factory=lambda: [MetricRule(name="queue_depth")], min_length=1)
+    allowed_client_names: list[str] = ["front-proxy-client"]
+
+
+def _load(model: type[BaseModel], path: Path | str):
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from None
+    return parse(model, raw, str(path))
+
+
+def parse(model: type[BaseModel], raw: object, where: str = "config"):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top)"
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {loc}: {msg}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_autoscaler_config(path: Path | str) -> AutoscalerConfig:
+    return _load(AutoscalerConfig, path)
+
+
+def load_metrics_api_config(path: Path | str) -> MetricsApiConfig:
+    return _load(MetricsApiConfig, path)

@@ -1,0 +1,260 @@
+"""`gpuaas autoscaler`: the control loop. Thin shells around `QueueDepthPolicy.recommend`:
+
+- `gather_signals` asks Prometheus (autoscaler/prom.py) for one target's signals and turns a failure into words;
+- `KubeTargets` reads a Deployment's scale subresource and pods, writes the scale, events and the conditions;
+- `Controller.sync_once(now)` builds a `Snapshot` per target, asks the policy, acts, and records why.
+
+Conditions live in the Deployment annotation `autoscaling.gpuaas.io/conditions` (a JSON list in the shape of HPA
+conditions: type, status, reason, message, lastTransitionTime), as the HPA's v1 API kept its v2 conditions in
+`autoscaling.alpha.kubernetes.io/conditions`: a Deployment's status belongs to its controller.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from .config import AutoscalerConfig, ConfigError, Target
+from .policy import QueueDepthPolicy, QueueDepthState
+from .prom import BadQuery, MetricsError, NoData, Prometheus, PrometheusUnavailable
+from .snapshot import Decision, Signals, Snapshot
+
+log = logging.getLogger("gpuaas.autoscaler")
+
+CONDITIONS_ANNOTATION = "autoscaling.gpuaas.io/conditions"
+COMPONENT = "gpuaas-autoscaler"
+
+
+# ---- Prometheus -> Signals -----------------------------------------------------------------------------------------
+class Querier(Protocol):
+    def query(self, promql: str) -> list: ...
+
+    def scalar(self, promql: str) -> float: ...
+
+
+def gather_signals(prom: Querier, target: Target, pods: list[str]) -> tuple[Signals | None, str | None]:
+    """The target's signals, or (None, why) when the required ones cannot be had. Optional queries that fail leave
+    their field empty; NaN in a pod's queue depth makes that pod missing and is reported."""
+    notes: list[str] = []
+    try:
+        q = target.query("queue_per_pod", pods)
+        queue: dict[str, float] = {}
+        for s in prom.query(q):
+            pod = s.labels.get("pod")
+            if pod is None:
+                raise NoData(f"{q!r} returned a series without a pod label (aggregate it by pod)")
+            if math.isnan(s.value) or math.isinf(s.value):
+                notes.append(f"queue depth of pod {pod} is {s.value}")
+                continue
+            queue[pod] = s.value
+        arrival = prom.scalar(target.query("arrival_rate", pods))
+    except PrometheusUnavailable as exc:
+        return None, str(exc)
+    except (NoData, BadQuery) as exc:
+        return None, str(exc)
+
+    def optional(name: str) -> float | None:
+        q = target.query(name, pods)
+        if q is None:
+            return None
+        try:
+            return prom.scalar(q)
+        except NoData:
+            return None
+        except MetricsError as exc:
+            notes.append(str(exc))
+            return None
+
+    gateway = optional("gateway_waiting") or 0.0
+    sig = Signals(queue_per_pod=queue, gateway_waiting=gateway, arrival_rate=arrival,
+                  arrival_rate_short=optional("arrival_rate_short"), service_time=optional("service_time"))
+    return sig, ("; ".join(notes) or None)
+
+
+# ---- Kubernetes shell ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Observed:
+    replicas: int
+    pods: frozenset[str]
+    pending: frozenset[str]
+    uid: str
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+class Targets(Protocol):
+    def observe(self, target: Target) -> Observed: ...
+
+    def scale(self, target: Target, replicas: int) -> None: ...
+
+    def event(self, target: Target, observed: Observed, type_: str, reason: str, message: str) -> None: ...
+
+    def set_conditions(self, target: Target, conditions: list[dict[str, str]]) -> None: ...
+
+
+class KubeTargets:
+    def __init__(self, api):
+        from kubernetes import client
+
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    def observe(self, target: Target) -> Observed:
+        dep = self.apps.read_namespaced_deployment(target.deployment, target.namespace)
+        scale = self.apps.read_namespaced_deployment_scale(target.deployment, target.namespace)
+        selector = scale.status.selector or ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
+        pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector).items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None
+                and p.status.phase not in ("Succeeded", "Failed")]
+        return Observed(replicas=scale.spec.replicas or 0, pods=frozenset(p.metadata.name for p in live),
+                        pending=frozenset(p.metadata.name for p in live if p.status.phase == "Pending"),
+                        uid=dep.metadata.uid, annotations=dict(dep.metadata.annotations or {}))
+
+    def scale(self, target: Target, replicas: int) -> None:
+        self.apps.patch_namespaced_deployment_scale(target.deployment, target.namespace, {"spec": {"replicas": replicas}})
+
+    def event(self, target: Target, observed: Observed, type_: str, reason: str, message: str) -> None:
+        now = dt.datetime.now(dt.timezone.utc)
+        self.core.create_namespaced_event(target.namespace, {
+            "metadata": {"generateName": f"{target.deployment}.", "namespace": target.namespace},
+            "involvedObject": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.deployment,
+                               "namespace": target.namespace, "uid": observed.uid},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
+            "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1,
+        })
+
+    def set_conditions(self, target: Target, conditions: list[dict[str, str]]) -> None:
+        self.apps.patch_namespaced_deployment(target.deployment, target.namespace, {
+            "metadata": {"annotations": {CONDITIONS_ANNOTATION: json.dumps(conditions, sort_keys=True)}}})
+
+
+# ---- the loop -------------------------------------------------------------------------------------------------------
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_conditions(old: list[dict[str, str]], new: list[tuple[str, str, str, str]], now: float) -> list[dict[str, str]]:
+    """New (type, status, reason, message) conditions, keeping lastTransitionTime when the status did not change."""
+    prior = {c.get("type"): c for c in old}
+    out = []
+    for type_, status, reason, message in new:
+        was = prior.get(type_)
+        since = was["lastTransitionTime"] if was and was.get("status") == status else _iso(now)
+        out.append({"type": type_, "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": since})
+    return out
+
+
+@dataclass
+class TargetMemory:
+    state: QueueDepthState = field(default_factory=QueueDepthState)
+    metrics_error: str | None = None  # the error of the last sync, to announce transitions once
+    conditions: list[dict[str, str]] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(self, config: AutoscalerConfig, prom: Querier, targets: Targets, *,
+                 clock: Callable[[], float] = time.time):
+        self.config = config
+        self.prom = prom
+        self.targets = targets
+        self.clock = clock
+        self.policies = {t.key: QueueDepthPolicy(t.policy_config(config.interval_s)) for t in config.targets}
+        self.memory = {t.key: TargetMemory() for t in config.targets}
+
+    def validate(self) -> None:
+        """Run every configured query once; a query Prometheus rejects, or a Prometheus that cannot be reached, is a
+        ConfigError naming the target and the query."""
+        for t in self.config.targets:
+            for name in ("queue_per_pod", "gateway_waiting", "arrival_rate", "arrival_rate_short", "service_time"):
+                q = t.query(name, [f"{t.deployment}-validate"])
+                if q is None:
+                    continue
+                try:
+                    self.prom.query(q)
+                except BadQuery as exc:
+                    raise ConfigError(f"target {t.key}: query {name}: {exc}") from None
+                except PrometheusUnavailable as exc:
+                    raise ConfigError(f"cannot validate the queries of target {t.key}: {exc}") from None
+
+    def sync_once(self) -> dict[str, Decision]:
+        out = {}
+        for t in self.config.targets:
+            try:
+                out[t.key] = self.sync_target(t)
+            except Exception as exc:  # one target's API failure must not stop the others
+                log.exception("sync of %s failed: %s", t.key, exc)
+        return out
+
+    def sync_target(self, t: Target) -> Decision:
+        now = self.clock()
+        mem = self.memory[t.key]
+        observed = self.targets.observe(t)
+        signals, error = gather_signals(self.prom, t, sorted(observed.pods))
+        snap = Snapshot(now=now, replicas=observed.replicas, pods=observed.pods, pending_pods=observed.pending,
+                        signals=signals, error=error if signals is None else None)
+        decision, mem.state = self.policies[t.key].recommend(snap, mem.state)
+        if signals is not None and error:  # partial data: usable, but say so
+            decision = replace(decision, message=f"{decision.message}; note: {error}")
+        log.info("%s: %d -> %d %s: %s", t.key, observed.replicas, decision.desired, decision.reason, decision.message)
+
+        # Metrics lost or back: announce the transition once, not every sync.
+        failing = snap.error
+        if failing and failing != mem.metrics_error:
+            self.targets.event(t, observed, "Warning", "MetricsUnavailable",
+                               f"{failing}; no scale-down until metrics are back")
+        elif not failing and mem.metrics_error:
+            self.targets.event(t, observed, "Normal", "MetricsRecovered", "metrics are back; scaling on them again")
+        mem.metrics_error = failing
+
+        able = ("AbleToScale", "True", "ReadyForNewScale", "the last scale succeeded or none was needed")
+        if decision.desired != observed.replicas:
+            verb = "would scale" if self.config.dry_run else "scaled"
+            msg = f"{verb} from {observed.replicas} to {decision.desired}: {decision.message}"
+            if self.config.dry_run:
+                self.targets.event(t, observed, "Normal", f"DryRun{decision.reason}", msg)
+            else:
+                try:
+                    self.targets.scale(t, decision.desired)
+                    self.targets.event(t, observed, "Normal", decision.reason, msg)
+                    able = ("AbleToScale", "True", "SucceededRescale", msg)
+                except Exception as exc:  # the API refused: say so where the operator looks
+                    reason = getattr(exc, "reason", None) or type(exc).__name__
+                    self.targets.event(t, observed, "Warning", "FailedRescale", f"{msg} failed: {reason}")
+                    able = ("AbleToScale", "False", "FailedUpdateScale", f"{msg} failed: {reason}")
+        active = (("ScalingActive", "False", "MetricsUnavailable",
+                   f"{failing}; holding replicas, no scale-down on missing data") if failing else
+                  ("ScalingActive", "True", "ValidMetricFound", decision.message))
+        limited = (("ScalingLimited", "True", decision.limited, f"the desired count is outside [{t.min_replicas}, "
+                    f"{t.max_replicas}]") if decision.limited else
+                   ("ScalingLimited", "False", "DesiredWithinRange", "the desired count is within the acceptable range"))
+        conditions = merge_conditions(mem.conditions, [able, active, limited], now)
+        if conditions != mem.conditions:
+            try:
+                self.targets.set_conditions(t, conditions)
+                mem.conditions = conditions
+            except Exception as exc:
+                log.warning("could not write conditions of %s: %s", t.key, exc)
+        return decision
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            self.sync_once()
+            stop.wait(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+
+
+def build(config: AutoscalerConfig, kubeconfig: str | None = None, *, api=None) -> Controller:
+    """A controller wired to a real Prometheus and Kubernetes; the queries are validated first (ConfigError)."""
+    from gpuaas.kubeclient import api_client
+
+    prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
+    controller = Controller(config, prom, KubeTargets(api or api_client(kubeconfig)))
+    controller.validate()
+    return controller

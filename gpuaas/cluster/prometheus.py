@@ -1,0 +1,144 @@
+"""A real Prometheus for the local cluster: scrapes what the tests and demos run on loopback (the load replayer).
+
+    prom = PrometheusServer(workdir, targets=["127.0.0.1:9100"], scrape_interval="1s").start()
+    prom.url            # http://127.0.0.1:<port>
+    prom.stop()         # SIGTERM, SIGKILL after the grace period; logs stay in <workdir>/logs/prometheus.log
+
+The configuration is generated into <workdir>/prometheus.yml, the TSDB goes to <workdir>/prometheus-data. The process
+is started and stopped the way controlplane.py starts its components (own session, dies with the Python process that
+owns it, pid checked against its binary before any signal).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from .controlplane import ControlPlaneError, die_with_parent, free_port, process_alive
+from .tools import Tools
+
+
+class PrometheusServer:
+    def __init__(self, workdir: Path, *, targets: list[str], scrape_interval: str = "15s",
+                 tools: Tools | None = None, job: str = "gpuaas-loadgen", owned: bool = True):
+        self.workdir = Path(workdir).resolve()
+        self.targets = targets
+        self.scrape_interval = scrape_interval
+        self.job = job
+        self.owned = owned
+        binary = (tools or Tools.locate()).prometheus
+        if binary is None:
+            raise ControlPlaneError("prometheus is not installed: run scripts/setup.sh (Debian package prometheus)")
+        self.binary = Path(binary)
+        self.port: int | None = None
+        self.popen: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.port, "prometheus not started"
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "logs" / "prometheus.log"
+
+    @property
+    def config_file(self) -> Path:
+        return self.workdir / "prometheus.yml"
+
+    def write_config(self) -> Path:
+        config = {
+            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
+            "scrape_configs": [{
+                "job_name": self.job,
+                "scrape_interval": self.scrape_interval,
+                "scrape_timeout": self.scrape_interval if self._seconds(self.scrape_interval) < 10 else "10s",
+                # The replayer exports one series per pod with the pod's own namespace and pod labels: keep them.
+                "honor_labels": True,
+                "static_configs": [{"targets": list(self.targets)}],
+            }],
+        }
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        return self.config_file
+
+    @staticmethod
+    def _seconds(duration: str) -> float:
+        units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+        for unit in ("ms", "s", "m", "h"):
+            if duration.endswith(unit):
+                return float(duration[: -len(unit)]) * units[unit]
+        raise ValueError(f"not a duration: {duration}")
+
+    def start(self, timeout: float = 60.0, port: int | None = None) -> "PrometheusServer":
+        self.write_config()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.port = port or self.port or free_port()
+        argv = [str(self.binary), f"--config.file={self.config_file}",
+                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
+                "--log.level=warn"]
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          cwd=self.workdir, start_new_session=True,
+                                          preexec_fn=die_with_parent if self.owned else None)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise ControlPlaneError(f"prometheus exited with code {self.popen.returncode}; see {self.log}")
+            if self.ready():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise ControlPlaneError(f"prometheus not ready after {timeout:.0f}s; see {self.log}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and process_alive(self.popen.pid, str(self.binary))
+
+    def pause(self) -> None:
+        """SIGSTOP: Prometheus still accepts connections but answers nothing (a hung server)."""
+        assert self.popen
+        os.killpg(self.popen.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.popen
+        os.killpg(self.popen.pid, signal.SIGCONT)
+
+    def stop(self, grace: float = 5.0) -> None:
+        popen, self.popen = self.popen, None
+        if popen is None:
+            return
+        if process_alive(popen.pid, str(self.binary)):
+            try:
+                os.killpg(popen.pid, signal.SIGCONT)  # a paused server cannot handle SIGTERM
+                os.killpg(popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        popen.wait(timeout=10)
+
+    def __enter__(self) -> "PrometheusServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

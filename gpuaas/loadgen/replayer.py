@@ -1,0 +1,155 @@
+"""The load replayer: drives `ServingSystem` by the wall clock against the pods of a real Deployment and exports, per
+pod, what a vLLM server would, for a real Prometheus to scrape.
+
+Every `poll_s` it lists the Deployment's pods: a pod that appears becomes a replica (serving `cold_start_s` later), a
+pod that is deleted or finished stops taking requests (its running ones finish). `/metrics` on 127.0.0.1:`port`
+serves, with `namespace` and `pod` labels (scrape with honor_labels):
+
+    vllm:num_requests_waiting, vllm:num_requests_running                  gauges, per serving pod
+    vllm:request_success_total, gpuaas_requests_received_total            counters, per pod
+    vllm:request_inference_time_seconds_sum / _count                      seconds serving finished requests, per pod
+    gpuaas_gateway_requests_total{deployment}, gpuaas_gateway_requests_waiting{deployment}   the gateway in front
+
+A pod still starting exports nothing, like a vLLM server loading its model.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .serving import ServiceModel, ServingSystem
+from .trace import Arrival
+
+log = logging.getLogger("gpuaas.loadgen")
+
+
+def render_metrics(system: ServingSystem, namespace: str, deployment: str) -> str:
+    """The Prometheus text exposition of one ServingSystem."""
+    rows: dict[str, list[str]] = {}
+
+    def add(name: str, labels: str, value: float) -> None:
+        rows.setdefault(name, []).append(f"{name}{{{labels}}} {value:.6g}" if isinstance(value, float)
+                                         else f"{name}{{{labels}}} {value}")
+
+    for pod, m in sorted(system.replica_metrics().items()):
+        labels = f'namespace="{namespace}",pod="{pod}"'
+        add("vllm:num_requests_waiting", labels, m.waiting)
+        add("vllm:num_requests_running", labels, m.running)
+        add("vllm:request_success_total", labels, m.finished_total)
+        add("gpuaas_requests_received_total", labels, m.received_total)
+        add("vllm:request_inference_time_seconds_sum", labels, float(m.service_seconds_total))
+        add("vllm:request_inference_time_seconds_count", labels, m.finished_total)
+    gw = f'namespace="{namespace}",deployment="{deployment}"'
+    add("gpuaas_gateway_requests_total", gw, system.arrived_total())
+    add("gpuaas_gateway_requests_waiting", gw, system.gateway_waiting())
+    types = {"vllm:num_requests_waiting": "gauge", "vllm:num_requests_running": "gauge",
+             "vllm:request_success_total": "counter", "gpuaas_requests_received_total": "counter",
+             "vllm:request_inference_time_seconds_sum": "untyped", "vllm:request_inference_time_seconds_count": "untyped",
+             "gpuaas_gateway_requests_total": "counter", "gpuaas_gateway_requests_waiting": "gauge"}
+    out = []
+    for name, lines in rows.items():
+        out.append(f"# TYPE {name} {types[name]}")
+        out.extend(lines)
+    return "\n".join(out) + "\n"
+
+
+class Replayer:
+    def __init__(self, api, namespace: str, deployment: str, arrivals: list[Arrival], *,
+                 model: ServiceModel = ServiceModel(), selector: str | None = None, port: int = 0,
+                 poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.namespace, self.deployment = namespace, deployment
+        self.selector = selector or f"app={deployment}"
+        self.system = ServingSystem(model, arrivals)
+        self.poll_s = poll_s
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.t0: float | None = None
+        replayer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served")
+                    return
+                with replayer.lock:
+                    body = render_metrics(replayer.system, replayer.namespace, replayer.deployment).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def now(self) -> float:
+        assert self.t0 is not None
+        return self.clock() - self.t0
+
+    def sync_pods(self) -> None:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
+        live = {p.metadata.name for p in pods if p.metadata.deletion_timestamp is None
+                and p.status.phase == "Running"}
+        with self.lock:
+            t = self.now()
+            self.system.advance(t)
+            for r in list(self.system.replicas.values()):
+                if r.gone_at is None and not r.draining and r.name not in live:
+                    self.system.remove_replica(r.name, t)
+            for name in live:
+                r = self.system.replicas.get(name)
+                if r is None:
+                    self.system.add_replica(name, t)
+
+    def step(self) -> None:
+        with self.lock:
+            self.system.advance(self.now())
+
+    def _drive(self) -> None:
+        next_poll = 0.0
+        while not self.stop_event.is_set():
+            try:
+                if self.clock() >= next_poll:
+                    self.sync_pods()
+                    next_poll = self.clock() + self.poll_s
+                self.step()
+            except Exception as exc:  # the API may blip; keep replaying
+                log.warning("replayer: %s", exc)
+            self.stop_event.wait(0.05)
+
+    def start(self) -> "Replayer":
+        self.t0 = self.clock()
+        self.sync_pods()
+        for target in (self.server.serve_forever, self._drive):
+            th = threading.Thread(target=target, daemon=True, name=f"replayer-{target.__name__}")
+            th.start()
+            self._threads.append(th)
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.server.shutdown()
+        self.server.server_close()
+        for th in self._threads:
+            th.join(timeout=5)
+
+    def __enter__(self) -> "Replayer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
