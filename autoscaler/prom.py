@@ -49,7 +49,7 @@ class Prometheus:
     def query(self, promql: str) -> list[Sample]:
         """An instant vector (or scalar) as samples. Raises BadQuery, PrometheusUnavailable."""
         try:
-            result = self._client.custom_query(promql, params={"timeout": f"{self.timeout_s}s"})
+            result = self._client.custom_query(promql, params={"timeout": f"{max(1, int(self.timeout_s * 1000))}ms"})
         except PrometheusApiClientException as exc:
             text = str(exc)
             if "HTTP Status Code 400" in text or "HTTP Status Code 422" in text:
@@ -58,7 +58,11 @@ class Prometheus:
         except requests.Timeout:
             raise PrometheusUnavailable(f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s") from None
         except requests.RequestException as exc:
-            raise PrometheusUnavailable(f"cannot reach Prometheus at {self.url}: {type(exc).__name__}") from None
+            # Without retries urllib3 wraps a read timeout in MaxRetryError, which requests reports as ConnectionError.
+            if "timed out" in str(exc).lower():
+                raise PrometheusUnavailable(
+                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s") from None
+            raise PrometheusUnavailable(f"cannot reach Prometheus at {self.url}: {_reason(exc)}") from None
         except ValueError as exc:  # not JSON
             raise PrometheusUnavailable(f"Prometheus at {self.url} sent an unreadable answer: {exc}") from None
         if isinstance(result, dict) or (result and isinstance(result[0], (int, float, str))):
@@ -78,6 +82,14 @@ class Prometheus:
         if math.isnan(value) or math.isinf(value):
             raise NoData(f"{promql!r} returned {value}")
         return value
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("Connection refused", "Name or service not known", "Connection reset"):
+        if marker in text:
+            return marker.lower()
+    return type(exc).__name__
 
 
 def _prom_error(text: str) -> str:

@@ -1,0 +1,239 @@
+"""Queue-depth autoscaling end to end: a real Prometheus scrapes the load replayer, which plays inference servers on the
+pods of a Deployment in the session's KWOK cluster.
+
+(a) our controller scales the Deployment up under a burst and back down after it, holds through a hung Prometheus with
+    a condition and an event that say why, and recovers;
+(b) a stock autoscaling/v2 HPA reads our custom.metrics.k8s.io API (registered by APIServices, reached through an
+    ExternalName Service on loopback) and scales up and down; `kubectl get --raw` returns a MetricValueList.
+
+Time is compressed so the suite stays fast: 1 s scrapes, 3 s cold start, second-scale rate windows; the HPA keeps the
+controller-manager's default 15 s sync, with a 0 s scale-down stabilization window set on the HPA object.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.config import AutoscalerConfig, ConfigError, MetricsApiConfig, parse
+from autoscaler.controller import CONDITIONS_ANNOTATION, Controller, KubeTargets
+from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
+from autoscaler.prom import Prometheus
+from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.pki import issue_serving_cert
+from gpuaas.cluster.prometheus import PrometheusServer
+from gpuaas.loadgen.replayer import Replayer
+from gpuaas.loadgen.serving import ServiceModel
+from gpuaas.loadgen.trace import Arrival
+from gpuaas.workloads import gpu_deployment
+
+from .kube import wait_for
+
+MODEL = ServiceModel(cold_start_s=3.0, scrape_interval_s=1.0)
+
+
+def burst(quiet_s: float, burst_s: float, tail_s: float, rate: float, quiet_rate: float = 0.5) -> list[Arrival]:
+    """quiet_rate req/s, then `rate` req/s for burst_s, then quiet again; each request runs 2 s (5000 + 20 tokens)."""
+    out, t = [], 0.0
+    for until, r in ((quiet_s, quiet_rate), (quiet_s + burst_s, rate), (quiet_s + burst_s + tail_s, quiet_rate)):
+        while t < until:
+            out.append(Arrival(t, 5000, 20))
+            t += 1.0 / r
+    return out
+
+
+@pytest.fixture(scope="module")
+def prom_ports():
+    return [free_port(), free_port()]
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster, prom_ports, tmp_path_factory):
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"),
+                              targets=[f"127.0.0.1:{p}" for p in prom_ports], scrape_interval="1s")
+    server.start()
+    yield server
+    server.stop()
+
+
+def host_ip() -> str:
+    """This machine's own (non-loopback) IPv4 address: the one a default route leaves from. No packet is sent."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+        except OSError:
+            pytest.skip("no non-loopback IPv4 address for an aggregated API endpoint")
+
+
+def replicas(api, ns, name) -> int:
+    return client.AppsV1Api(api).read_namespaced_deployment_scale(name, ns).spec.replicas
+
+
+def events(api, ns, name, component=None) -> list:
+    items = client.CoreV1Api(api).list_namespaced_event(
+        ns, field_selector=f"involvedObject.kind=Deployment,involvedObject.name={name}").items
+    return [e for e in items if component is None or (e.source and e.source.component == component)]
+
+
+def controller_config(ns: str, url: str, **target) -> AutoscalerConfig:
+    return parse(AutoscalerConfig, {
+        "prometheus": {"url": url, "timeout_s": 1},
+        "interval_s": 1,
+        "targets": [{"deployment": "llm", "namespace": ns, "min_replicas": 1, "max_replicas": 8,
+                     "cold_start_s": MODEL.cold_start_s, "scale_down_window_s": 8,
+                     "windows": {"rate_window": "6s", "short_rate_window": "3s", "service_window": "10s"},
+                     **target}]})
+
+
+def test_bad_query_refused_at_start(cluster, prometheus, namespace):
+    config = controller_config(namespace, prometheus.url, queries={"arrival_rate": "sum(rate(x[1m])"})
+    controller = Controller(config, Prometheus(prometheus.url), KubeTargets(cluster.api))
+    with pytest.raises(ConfigError, match=r"query arrival_rate: Prometheus rejected the query .*parse error"):
+        controller.validate()
+    down = Controller(controller_config(namespace, f"http://127.0.0.1:{free_port()}"),
+                      Prometheus(f"http://127.0.0.1:{free_port()}"), KubeTargets(cluster.api))
+    with pytest.raises(ConfigError, match="cannot reach Prometheus"):
+        down.validate()
+
+
+def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, prometheus, prom_ports, namespace):
+    api = cluster.api
+    client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
+    # 30 req/s x 2 s = 60 busy slots: 8 replicas' worth (8 slots each); before and after, 0.5 req/s needs one.
+    trace = burst(quiet_s=8, burst_s=25, tail_s=300, rate=30)
+    replayer = Replayer(api, namespace, "llm", trace, model=MODEL, port=prom_ports[0], poll_s=0.25).start()
+    config = controller_config(namespace, prometheus.url)
+    controller = Controller(config, Prometheus(prometheus.url, timeout_s=1), KubeTargets(api))
+    controller.validate()
+    stop = threading.Event()
+    loop = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: replicas(api, namespace, "llm") >= 5, timeout=45, what="scale-up under the burst")
+        peak = replicas(api, namespace, "llm")
+        ups = [e for e in events(api, namespace, "llm", "gpuaas-autoscaler") if e.reason == "ScaleUp"]
+        assert ups and "arrival" in ups[0].message, ups
+        # The burst ends at t=33 s. Hang Prometheus (SIGSTOP: connections open, no answers) before the controller
+        # could scale down: it must hold, say why in an event and a condition, and not scale down.
+        wait_for(lambda: replayer.now() > 34, timeout=60, what="end of the burst")
+        prometheus.pause()
+        try:
+            held = wait_for(lambda: [e for e in events(api, namespace, "llm", "gpuaas-autoscaler")
+                                     if e.reason == "MetricsUnavailable"], timeout=20, what="MetricsUnavailable event")
+            assert "no scale-down" in held[0].message
+            before = replicas(api, namespace, "llm")
+            time.sleep(10)  # several syncs (1 s) and longer than the scale-down window (8 s)
+            assert replicas(api, namespace, "llm") == before >= 2
+            dep = client.AppsV1Api(api).read_namespaced_deployment("llm", namespace)
+            conditions = {c["type"]: c for c in json.loads(dep.metadata.annotations[CONDITIONS_ANNOTATION])}
+            assert conditions["ScalingActive"]["status"] == "False"
+            assert conditions["ScalingActive"]["reason"] == "MetricsUnavailable"
+            assert "did not answer within 1s" in conditions["ScalingActive"]["message"]
+        finally:
+            prometheus.resume()
+        wait_for(lambda: replicas(api, namespace, "llm") == 1, timeout=60, what="scale-down after the burst")
+        reasons = {e.reason for e in events(api, namespace, "llm", "gpuaas-autoscaler")}
+        assert {"ScaleUp", "ScaleDown", "MetricsUnavailable", "MetricsRecovered"} <= reasons, reasons
+        dep = client.AppsV1Api(api).read_namespaced_deployment("llm", namespace)
+        conditions = {c["type"]: c for c in json.loads(dep.metadata.annotations[CONDITIONS_ANNOTATION])}
+        assert conditions["ScalingActive"]["status"] == "True"
+        print(f"controller: peak {peak} replicas")
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+        replayer.stop()
+
+
+@pytest.fixture
+def metrics_api(cluster, prometheus, namespace):
+    """Our custom.metrics.k8s.io server on loopback, registered for v1beta1 and v1beta2."""
+    pki = cluster.control_plane.pki
+    service = "gpuaas-custom-metrics"
+    cert, key = issue_serving_cert(pki, "custom-metrics", "gpuaas-custom-metrics",
+                                   names=(f"{service}.{namespace}.svc", "localhost"), ips=("127.0.0.1",))
+    config = parse(MetricsApiConfig, {"prometheus": {"url": prometheus.url, "timeout_s": 2}})
+    backend = Backend(config, Prometheus(prometheus.url, timeout_s=2), KubePods(cluster.api))
+    host = host_ip()
+    server = MetricsApiServer(init_app(backend, config.allowed_client_names), host=host, port=0,
+                              ssl_context=server_ssl_context(str(cert), str(key), str(pki.front_proxy_ca_cert)))
+    server.start()
+    core = client.CoreV1Api(cluster.api)
+    # The apiserver runs with --enable-aggregator-routing=true: it dials an endpoint of the Service, and resolving an
+    # ExternalName Service is refused on that path ("unsupported service type"). An endpoint may not be a loopback
+    # address, so the server listens on this machine's own address and a selector-less Service's EndpointSlice
+    # points there.
+    core.create_namespaced_service(namespace, {"metadata": {"name": service}, "spec": {
+        "ports": [{"port": 443, "targetPort": server.port, "name": "https", "protocol": "TCP"}]}})
+    client.DiscoveryV1Api(cluster.api).create_namespaced_endpoint_slice(namespace, {
+        "metadata": {"name": f"{service}-local", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4", "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": server.port, "protocol": "TCP"}]})
+    reg = client.ApiregistrationV1Api(cluster.api)
+    ca = base64.b64encode(Path(pki.ca_cert).read_bytes()).decode()
+    names = []
+    for version, priority in (("v1beta1", 100), ("v1beta2", 200)):
+        name = f"{version}.custom.metrics.k8s.io"
+        names.append(name)
+        reg.create_api_service({"metadata": {"name": name}, "spec": {
+            "group": "custom.metrics.k8s.io", "version": version, "groupPriorityMinimum": 100,
+            "versionPriority": priority, "caBundle": ca,
+            "service": {"name": service, "namespace": namespace, "port": 443}}})
+
+    def available():
+        return all(any(c.type == "Available" and c.status == "True" for c in (reg.read_api_service(n).status.conditions
+                                                                              or [])) for n in names)
+    try:
+        wait_for(available, timeout=60, what="APIServices Available")
+        yield server
+    finally:
+        for n in names:
+            try:
+                reg.delete_api_service(n)
+            except ApiException:
+                pass
+        server.stop()
+
+
+def test_stock_hpa_scales_on_our_custom_metrics(cluster, prometheus, prom_ports, namespace, metrics_api):
+    api = cluster.api
+    client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
+    trace = burst(quiet_s=5, burst_s=50, tail_s=300, rate=30)
+    replayer = Replayer(api, namespace, "llm", trace, model=MODEL, port=prom_ports[1], poll_s=0.25).start()
+    try:
+        raw = wait_for(lambda: _raw(cluster, f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/"
+                                             "queue_depth"), timeout=30, what="a pod in the MetricValueList")
+        assert raw["kind"] == "MetricValueList" and raw["apiVersion"] == "custom.metrics.k8s.io/v1beta1"
+        assert raw["items"][0]["describedObject"]["kind"] == "Pod" and "metricName" in raw["items"][0]
+        v2 = _raw(cluster, f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/deployments.apps/llm/"
+                           "queue_depth", need_items=False)
+        assert v2["items"][0]["metric"]["name"] == "queue_depth"
+        client.AutoscalingV2Api(api).create_namespaced_horizontal_pod_autoscaler(namespace, {
+            "metadata": {"name": "llm"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"},
+                     "minReplicas": 1, "maxReplicas": 6,
+                     "metrics": [{"type": "Pods", "pods": {"metric": {"name": "queue_depth"},
+                                                           "target": {"type": "AverageValue", "averageValue": "2"}}}],
+                     "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}}})
+        wait_for(lambda: replicas(api, namespace, "llm") >= 2, timeout=75, what="the HPA scaling up")
+        hpa = client.AutoscalingV2Api(api).read_namespaced_horizontal_pod_autoscaler("llm", namespace)
+        assert hpa.status.current_metrics and hpa.status.current_metrics[0].pods.metric.name == "queue_depth"
+        wait_for(lambda: replayer.now() > 56, timeout=60, what="end of the burst")
+        wait_for(lambda: replicas(api, namespace, "llm") == 1, timeout=75, what="the HPA scaling back down")
+    finally:
+        replayer.stop()
+
+
+def _raw(cluster, path: str, need_items: bool = True):
+    out = cluster.control_plane.kubectl("get", "--raw", path, check=False)
+    if out.returncode != 0:
+        return None
+    body = json.loads(out.stdout)
+    return body if body.get("items") or not need_items else None
