@@ -43,6 +43,7 @@ class QueueDepthConfig:
     concurrency: int = 8  # requests one replica serves at once
     cold_start_s: float = 60.0  # from asking for a replica to its first request
     beta: float = 1.5  # square-root staffing: slots = R + beta * sqrt(R), R = arrival rate x service time
+    max_trend_factor: float = 3.0  # the rate one cold start ahead is at most this multiple of the rate now
     drain_s: float | None = None  # queued work is sized to drain within this long (default: cold_start_s)
     scale_down_window_s: float | None = None  # keep the highest recommendation this long (default: 10 cold starts)
     default_service_time_s: float = 1.0  # until a request has finished
@@ -95,7 +96,7 @@ class QueueDepthPolicy:
         if state.last_rate and finite(sig.arrival_rate) and snap.now > state.last_rate[0]:
             slope = (sig.arrival_rate - state.last_rate[1]) / (snap.now - state.last_rate[0])
             if slope > 0:
-                ahead = rate + slope * c.cold_start_s
+                ahead = min(rate + slope * c.cold_start_s, rate * max(1.0, c.max_trend_factor))
         def staffed(load: float) -> float:  # square-root staffing: slots for `load` busy slots
             return load + c.beta * math.sqrt(load)
         queue = sig.total_queue

@@ -1,0 +1,189 @@
+"""The controller loop with a fake Prometheus and a fake Kubernetes: what each kind of metrics failure does, events,
+conditions, dry run, and queries refused at start."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from autoscaler.config import AutoscalerConfig, ConfigError, parse
+from autoscaler.controller import Controller, Observed, gather_signals
+from autoscaler.prom import BadQuery, NoData, PrometheusUnavailable, Sample
+
+
+class FakeProm:
+    """Answers by query kind; `mode` injects the failure to test. Records the queries it saw."""
+
+    def __init__(self):
+        self.mode = "ok"
+        self.rate = 20.0
+        self.queue = {"llm-0": 3.0, "llm-1": 5.0}
+        self.queries: list[str] = []
+
+    def query(self, promql: str) -> list[Sample]:
+        self.queries.append(promql)
+        if self.mode == "down":
+            raise PrometheusUnavailable("cannot reach Prometheus at http://prom:9090: connection refused")
+        if self.mode == "slow":
+            raise PrometheusUnavailable("Prometheus at http://prom:9090 did not answer within 5s")
+        if self.mode == "badquery":
+            raise BadQuery(f"Prometheus rejected the query {promql!r}: bad_data: parse error")
+        if "num_requests_waiting" in promql:
+            return [Sample({"pod": p}, v) for p, v in self.queue.items()]
+        if "gateway_requests_total" in promql:
+            if self.mode == "empty":
+                return []
+            return [Sample({}, math.nan if self.mode == "nan" else self.rate)]
+        if "inference_time" in promql:
+            return [Sample({}, 2.0)]
+        return []
+
+    def scalar(self, promql: str) -> float:
+        samples = self.query(promql)
+        if not samples:
+            raise NoData(f"{promql!r} returned an empty vector")
+        if math.isnan(samples[0].value):
+            raise NoData(f"{promql!r} returned nan")
+        return samples[0].value
+
+
+class FakeTargets:
+    def __init__(self, replicas: int):
+        self.replicas = replicas
+        self.events: list[tuple[str, str, str]] = []
+        self.conditions: list[dict] = []
+        self.scaled: list[int] = []
+        self.fail_scale = False
+
+    def observe(self, target):
+        pods = frozenset(f"llm-{i}" for i in range(self.replicas))
+        return Observed(self.replicas, pods, frozenset(), uid="u1")
+
+    def scale(self, target, replicas):
+        if self.fail_scale:
+            raise RuntimeError("conflict")
+        self.scaled.append(replicas)
+        self.replicas = replicas
+
+    def event(self, target, observed, type_, reason, message):
+        self.events.append((type_, reason, message))
+
+    def set_conditions(self, target, conditions):
+        self.conditions = conditions
+
+    def condition(self, type_):
+        return next(c for c in self.conditions if c["type"] == type_)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(replicas=2, dry_run=False, **target):
+    config = parse(AutoscalerConfig, {"interval_s": 15, "dry_run": dry_run, "targets": [
+        {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60, **target}]})
+    prom, kube, clock = FakeProm(), FakeTargets(replicas), Clock()
+    return Controller(config, prom, kube, clock=clock), prom, kube, clock
+
+
+def test_scales_up_and_records_event_and_conditions():
+    c, prom, kube, clock = make()
+    d = c.sync_once()["inf/llm"]
+    # 20 req/s x 2 s = 40 slots + 1.5 sqrt(40) = 49.5; queue 8 x 2 / 60 = 0.27 -> 49.8 / 8 -> 7
+    assert d.desired == 7 and kube.scaled == [7]
+    assert kube.events[-1][:2] == ("Normal", "ScaleUp") and "scaled from 2 to 7" in kube.events[-1][2]
+    assert kube.condition("ScalingActive")["status"] == "True"
+    assert kube.condition("AbleToScale")["reason"] == "SucceededRescale"
+    # the pod names went into the queries
+    assert any('pod=~"llm-0|llm-1"' in q for q in prom.queries)
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("down", "connection refused"),
+    ("slow", "did not answer within 5s"),
+    ("nan", "returned nan"),
+    ("empty", "returned an empty vector"),
+])
+def test_metrics_failure_blocks_scale_down_says_why_and_recovers(mode, words):
+    c, prom, kube, clock = make(replicas=7)
+    prom.rate = 0.5  # the load is gone: with data, the controller would scale down after the window
+    prom.queue = {f"llm-{i}": 0.0 for i in range(7)}
+    prom.mode = mode
+    for _ in range(10):  # 150 s: well past the 60 s scale-down window
+        clock.t += 15
+        c.sync_once()
+    assert kube.replicas == 7 and kube.scaled == []
+    warnings = [e for e in kube.events if e[1] == "MetricsUnavailable"]
+    assert len(warnings) == 1 and words in warnings[0][2] and "no scale-down" in warnings[0][2]
+    cond = kube.condition("ScalingActive")
+    assert (cond["status"], cond["reason"]) == ("False", "MetricsUnavailable") and words in cond["message"]
+    since = cond["lastTransitionTime"]
+    prom.mode = "ok"
+    clock.t += 15
+    c.sync_once()
+    assert kube.replicas == 1  # back: 0.5 x 2 = 1 slot + 1.5 -> 1 replica; nothing higher in the window
+    assert [e[1] for e in kube.events][-2:] == ["MetricsRecovered", "ScaleDown"]
+    cond = kube.condition("ScalingActive")
+    assert cond["status"] == "True" and cond["lastTransitionTime"] != since
+
+
+def test_dry_run_decides_and_says_so_without_scaling():
+    c, prom, kube, clock = make(dry_run=True)
+    c.sync_once()
+    assert kube.scaled == [] and kube.replicas == 2
+    assert kube.events[-1][1] == "DryRunScaleUp" and "would scale from 2 to 7" in kube.events[-1][2]
+
+
+def test_failed_scale_is_reported():
+    c, prom, kube, clock = make()
+    kube.fail_scale = True
+    c.sync_once()
+    assert kube.events[-1][:2] == ("Warning", "FailedRescale")
+    assert kube.condition("AbleToScale")["status"] == "False"
+
+
+def test_bad_query_or_unreachable_prometheus_refused_at_start():
+    c, prom, kube, clock = make()
+    prom.mode = "badquery"
+    with pytest.raises(ConfigError, match="target inf/llm: query queue_per_pod: Prometheus rejected"):
+        c.validate()
+    prom.mode = "down"
+    with pytest.raises(ConfigError, match="cannot validate the queries of target inf/llm: cannot reach"):
+        c.validate()
+
+
+def test_nan_for_one_pod_makes_it_missing_and_is_noted():
+    c, prom, kube, clock = make()
+    prom.queue = {"llm-0": math.nan, "llm-1": 2.0}
+    sig, note = gather_signals(prom, c.config.targets[0], ["llm-0", "llm-1"])
+    assert sig.queue_per_pod == {"llm-1": 2.0} and "queue depth of pod llm-0 is nan" in note
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"targets": []}, "targets: List should have at least 1 item"),
+    ({"targets": [{"deployment": "a", "min_replicas": 5, "max_replicas": 2}]}, "min_replicas (5) is above max_replicas"),
+    ({"targets": [{"deployment": "a", "queries": {"arrival_rate": "rate(x[{win}])"}}]}, "unknown placeholder {win}"),
+    ({"targets": [{"deployment": "a", "queries": {"arrivals": "x"}}]}, "unknown query arrivals"),
+    ({"targets": [{"deployment": "a", "queries": {"arrival_rate": ""}}]}, "query arrival_rate is required"),
+    ({"targets": [{"deployment": "a", "windows": {"rate_window": "1 minute"}}]}, "must be a PromQL duration"),
+    ({"prometheus": {"url": "prom:9090"}, "targets": [{"deployment": "a"}]}, "prometheus.url: must be an http(s) URL"),
+    ({"targets": [{"deployment": "a"}], "intervall_s": 3}, "intervall_s: Extra inputs are not permitted"),
+    ({"targets": [{"deployment": "a"}, {"deployment": "a"}]}, "target default/a listed more than once"),
+])
+def test_config_errors_name_the_field(raw, message):
+    with pytest.raises(ConfigError) as err:
+        parse(AutoscalerConfig, raw, "as.yaml")
+    assert message in str(err.value) and str(err.value).startswith("as.yaml: ")
+
+
+def test_conditions_json_shape():
+    c, prom, kube, clock = make()
+    c.sync_once()
+    assert {d["type"] for d in kube.conditions} == {"AbleToScale", "ScalingActive", "ScalingLimited"}
+    assert all(set(d) == {"type", "status", "reason", "message", "lastTransitionTime"} for d in kube.conditions)
+    json.dumps(kube.conditions)

@@ -1,0 +1,150 @@
+"""The custom.metrics.k8s.io server over real TLS: who may ask, the shapes of v1beta1 and v1beta2, and errors that
+leave it serving."""
+from __future__ import annotations
+
+import json
+import math
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+
+from autoscaler.config import MetricsApiConfig
+from autoscaler.metrics_api import ApiError, Backend, MetricsApiServer, init_app, quantity, server_ssl_context
+from autoscaler.prom import PrometheusUnavailable, Sample
+from gpuaas.cluster import pki as pkimod
+
+
+class FakeProm:
+    def __init__(self):
+        self.down = False
+        self.values = {"llm-a": 3.0, "llm-b": 0.5, "other": 7.0, "broken": math.nan}
+
+    def query(self, promql):
+        if self.down:
+            raise PrometheusUnavailable("cannot reach Prometheus at http://prom:9090: connection refused")
+        assert 'namespace="inf"' in promql, promql
+        return [Sample({"pod": p}, v) for p, v in self.values.items()]
+
+
+class FakePods:
+    def pod_names(self, namespace, selector):
+        if selector == "app in (":
+            raise ApiError(400, "BadRequest", "labelSelector 'app in (': unable to parse requirement")
+        return ["llm-a", "llm-b", "llm-c"] if selector in (None, "app=llm") else []
+
+    def deployment_selector(self, namespace, name):
+        if name != "llm":
+            raise ApiError(404, "NotFound", f"deployments.apps {name!r} not found in {namespace}")
+        return "app=llm"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    p = pkimod.create_pki(d)
+    pkimod.issue_serving_cert(p, "metrics", "metrics", names=("localhost",), ips=("127.0.0.1",))
+    # a client cert from the right CA with a name the server does not allow
+    ca_key = serialization.load_pem_private_key(p.path("front-proxy-ca.key").read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(p.path("front-proxy-ca.crt").read_bytes())
+    key, cert = pkimod._leaf(ca_key, ca_cert, "somebody-else")
+    pkimod._write_key(p.path("other.key"), key)
+    pkimod._write_cert(p.path("other.crt"), cert)
+    return p
+
+
+@pytest.fixture(scope="module")
+def server(pki):
+    prom = FakeProm()
+    backend = Backend(MetricsApiConfig(), prom, FakePods())
+    srv = MetricsApiServer(init_app(backend, ["front-proxy-client"]), port=0, ssl_context=server_ssl_context(
+        str(pki.path("metrics.crt")), str(pki.path("metrics.key")), str(pki.front_proxy_ca_cert)))
+    srv.start()
+    srv.prom = prom
+    yield srv
+    srv.stop()
+
+
+def get(server, pki, path, client="front-proxy-client"):
+    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    if client:
+        ctx.load_cert_chain(str(pki.path(f"{client}.crt")), str(pki.path(f"{client}.key")))
+    try:
+        with urllib.request.urlopen(f"https://localhost:{server.port}{path}", context=ctx, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+BASE = "/apis/custom.metrics.k8s.io"
+
+
+def test_only_the_aggregator_may_ask(server, pki):
+    code, body = get(server, pki, f"{BASE}/v1beta1", client=None)
+    assert code == 401 and body["kind"] == "Status" and "client certificate" in body["message"]
+    code, body = get(server, pki, f"{BASE}/v1beta1", client="other")
+    assert code == 403 and "somebody-else" in body["message"]
+    # a certificate from another CA (the cluster CA's admin) fails the TLS handshake
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        get(server, pki, f"{BASE}/v1beta1", client="admin")
+    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    with urllib.request.urlopen(f"https://localhost:{server.port}/healthz", context=ctx, timeout=5) as r:
+        assert r.status == 200
+
+
+def test_discovery_lists_pods_and_deployments(server, pki):
+    code, body = get(server, pki, f"{BASE}/v1beta2")
+    assert code == 200 and body["kind"] == "APIResourceList" and body["groupVersion"] == "custom.metrics.k8s.io/v1beta2"
+    assert {r["name"] for r in body["resources"]} == {"pods/queue_depth", "deployments.apps/queue_depth"}
+
+
+def test_pods_wildcard_v1beta1(server, pki):
+    code, body = get(server, pki, f"{BASE}/v1beta1/namespaces/inf/pods/*/queue_depth?labelSelector=app%3Dllm")
+    assert code == 200 and body["kind"] == "MetricValueList"
+    # llm-c has no series, "other" is not selected, "broken" is NaN: two items
+    items = {i["describedObject"]["name"]: i for i in body["items"]}
+    assert set(items) == {"llm-a", "llm-b"}
+    assert items["llm-a"]["value"] == "3" and items["llm-b"]["value"] == "500m"
+    assert items["llm-a"]["metricName"] == "queue_depth" and items["llm-a"]["describedObject"]["kind"] == "Pod"
+
+
+def test_deployment_object_v1beta2(server, pki):
+    code, body = get(server, pki, f"{BASE}/v1beta2/namespaces/inf/deployments.apps/llm/queue_depth")
+    assert code == 200
+    item = body["items"][0]
+    assert item["metric"] == {"name": "queue_depth"} and item["value"] == "3500m"
+    assert item["describedObject"] == {"kind": "Deployment", "namespace": "inf", "name": "llm", "apiVersion": "apps/v1"}
+
+
+@pytest.mark.parametrize("path, code, words", [
+    (f"{BASE}/v1/namespaces/inf/pods/*/queue_depth", 404, "version 'v1'"),
+    (f"{BASE}/v1beta1/namespaces/inf/pods/*/cpu", 404, "metric 'cpu' is not served"),
+    (f"{BASE}/v1beta1/namespaces/inf/pods/llm-c/queue_depth", 404, "could not find the metric queue_depth for pods"),
+    (f"{BASE}/v1beta1/namespaces/inf/services/x/queue_depth", 404, "resource 'services' is not served"),
+    (f"{BASE}/v1beta1/namespaces/inf/deployments.apps/nope/queue_depth", 404, "'nope' not found"),
+    (f"{BASE}/v1beta1/namespaces/inf/deployments.apps/*/queue_depth", 400, "wildcards are served for pods only"),
+    (f"{BASE}/v1beta1/namespaces/inf/pods/*/queue_depth?labelSelector=app%20in%20(", 400, "unable to parse"),
+    ("/apis/external.metrics.k8s.io/v1beta1/namespaces/inf/queue_depth", 404, "Not Found"),
+])
+def test_bad_requests_get_a_status_and_the_server_keeps_serving(server, pki, path, code, words):
+    got, body = get(server, pki, path)
+    assert got == code and body["kind"] == "Status" and words in body["message"], body
+    assert get(server, pki, f"{BASE}/v1beta1")[0] == 200
+
+
+def test_prometheus_down_is_503_then_recovers(server, pki):
+    server.prom.down = True
+    try:
+        code, body = get(server, pki, f"{BASE}/v1beta1/namespaces/inf/pods/*/queue_depth")
+        assert code == 503 and "connection refused" in body["message"]
+    finally:
+        server.prom.down = False
+    assert get(server, pki, f"{BASE}/v1beta1/namespaces/inf/pods/*/queue_depth")[0] == 200
+
+
+@pytest.mark.parametrize("value, text", [(2, "2"), (1.5, "1500m"), (0, "0"), (0.0004, "0"), (12.25, "12250m")])
+def test_quantity(value, text):
+    assert quantity(value) == text
