@@ -82,9 +82,12 @@ class FragmentationIndex:
     After changing node i in the state, call `refresh([i])`.
     """
 
-    def __init__(self, state: ClusterState, workload: Workload):
+    def __init__(self, state: ClusterState, workload: Workload, *, cpu_aware: bool = False):
         self.state = state
         self.workload = workload
+        # cpu_aware: a shape can use no more of a node's GPU share than the node's CPU lets it run pods for
+        # (min(usable, floor(cpu_left / cpu_m) * share_m)); FGD itself checks CPU for one pod only.
+        self.cpu_aware = cpu_aware
         shapes = workload.shapes
         self.p = workload.popularity
         self.cpu = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
@@ -116,6 +119,9 @@ class FragmentationIndex:
 
     def _frag(self, idle, count, usable, cpu_left, acc) -> np.ndarray:
         fits = acc & (count >= self.num) & (cpu_left[..., None] >= self.cpu)
+        if self.cpu_aware:
+            pods_by_cpu = np.maximum(cpu_left[..., None], 0) // self.cpu
+            usable = np.minimum(usable, pods_by_cpu * self.milli * self.num)
         return idle - (fits * usable) @ self.p
 
     # -- what-if ---------------------------------------------------------------------------------------------------

@@ -229,21 +229,27 @@ class FgdPolicy(_Base):
     def _int_score(self, delta):
         return np.trunc(sigmoid(delta / 1000.0) * MAX_NODE_SCORE)
 
+    def _adjust(self, state: ClusterState, pod: PodDemand, rows: np.ndarray) -> np.ndarray | float:
+        """Extra fragmentation decrease per node in `rows` (thousandths), added before banding. FGD: none."""
+        return 0.0
+
     def score(self, state, pod, mask):
         out = np.zeros(len(state))
         rows = np.flatnonzero(mask)
         if rows.size == 0:
             return out
         fx = self.index
+        adjust = np.zeros(len(state))
+        adjust[rows] = self._adjust(state, pod, rows)
         if pod.is_share:
             pos, gpu = fx.share_candidates(rows, pod)
             cand_rows = rows[pos]
-            s = self._int_score(fx.frag[cand_rows] - fx.frag_after_share(cand_rows, gpu, pod))
+            s = self._int_score(fx.frag[cand_rows] - fx.frag_after_share(cand_rows, gpu, pod) + adjust[cand_rows])
             best = np.full(len(state), -np.inf)
             np.maximum.at(best, cand_rows, s)
             out[rows] = best[rows]
         else:
-            out[rows] = self._int_score(fx.frag[rows] - fx.frag_after_whole(rows, pod))
+            out[rows] = self._int_score(fx.frag[rows] - fx.frag_after_whole(rows, pod) + adjust[rows])
         return out
 
     def share_gpu(self, state, pod, node):
@@ -290,10 +296,12 @@ class FirstFitPolicy(_Base):
 
 
 class GpuaasPolicy(FgdPolicy):
-    """Ours: FGD's expected-fragmentation gradient, made topology- and MIG-aware.
+    """Ours: FGD's expected-fragmentation gradient with CPU look-ahead, made topology- and MIG-aware.
 
-    Node score = FGD's banded score (int(100 * sigmoid(dF / 1000)); the bands make nearly equal choices tie, and ties
-    then go to one consistent node order, which is what packs) + tie-breakers worth less than one band:
+    dF = FGD's fragmentation decrease + the decrease in GPU share stranded by CPU (`stranded`: a node's idle GPUs
+    need CPU at the workload's CPU-per-GPU rate; GPU share beyond what the CPU left can feed is stranded).
+    Node score = int(100 * sigmoid(dF / 1000)) (FGD's bands: nearly equal choices tie, and ties go to one consistent
+    node order, which is what packs) + tie-breakers worth less than one band:
       * multi-GPU pods: +TOPOLOGY_BONUS if the node can hold the pod inside one NVLink/NUMA block;
       * consolidation: up to CONSOLIDATION of how full the node already is (GPU and CPU), so partly used nodes fill
         before idle ones are opened.
@@ -305,6 +313,29 @@ class GpuaasPolicy(FgdPolicy):
     name = "gpuaas"
     TOPOLOGY_BONUS = 0.5
     CONSOLIDATION = 0.45
+
+    def __init__(self, state, workload=None, rng=None):
+        super().__init__(state, workload, rng)
+        # CPU the workload's GPU pods bring per thousandth of GPU (popularity-weighted over the typical shapes).
+        w = self.index.workload
+        gpu = np.array([sh.gpus * sh.gpu_milli for sh in w.shapes], dtype=float)
+        cpu = np.array([sh.cpu_milli for sh in w.shapes], dtype=float)
+        g = gpu > 0
+        self.cpu_per_gpu_milli = float((w.popularity[g] * cpu[g]).sum() / (w.popularity[g] * gpu[g]).sum()) \
+            if g.any() else 0.0
+
+    def stranded(self, idle: np.ndarray, cpu_left: np.ndarray) -> np.ndarray:
+        """Idle GPU share (thousandths) the node's CPU cannot feed at the workload's CPU-per-GPU rate: the
+        multi-pod look-ahead FGD lacks (FGD checks CPU for one pod of each shape, not for the GPUs left)."""
+        c = self.cpu_per_gpu_milli
+        if c <= 0:
+            return np.zeros(np.shape(idle))
+        return np.minimum(idle, np.maximum(0.0, idle * c - cpu_left) / c)
+
+    def _adjust(self, state, pod, rows):
+        idle = self.index.idle[rows].astype(float)
+        cpu = state.cpu_left[rows].astype(float)
+        return self.stranded(idle, cpu) - self.stranded(idle - pod.total_gpu_milli, cpu - pod.cpu_milli)
 
     def score(self, state, pod, mask):
         if pod.mig_profile:
