@@ -1,9 +1,9 @@
 """Topology benchmark: share of 2- and 4-GPU pods placed inside one NVLink/NUMA block, and allocation, per policy.
 
 Cluster: the trace's 1213 nodes; 8-GPU boards are two NVLink blocks of 4 GPUs (HGX-style halves), smaller boards one
-block. Pods: a multi-GPU-heavy trace (default: multigpu50), the FGD protocol (inflated to 130%, seeds). Prints JSON.
+block. Pods: a multi-GPU-heavy trace (default: multigpu30), the FGD protocol (inflated to 130%, seeds). Prints JSON.
 
-    python bench/topology.py [--trace multigpu50] [--seeds 42-44] [--policies gpuaas,least-allocated,bestfit]
+    python bench/topology.py [--trace multigpu30] [--seeds 42-44] [--policies gpuaas,least-allocated,bestfit]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ DATA = Path("/work/shared/data/alibaba-gpu-2023")
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default="multigpu50")
+    ap.add_argument("--trace", default="multigpu30")
     ap.add_argument("--seeds", default="42-44")
     ap.add_argument("--policies", default="gpuaas,least-allocated,bestfit,fgd")
     args = ap.parse_args()

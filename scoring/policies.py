@@ -305,9 +305,10 @@ class GpuaasPolicy(FgdPolicy):
       * multi-GPU pods: +TOPOLOGY_BONUS if the node can hold the pod inside one NVLink/NUMA block;
       * consolidation: up to CONSOLIDATION of how full the node already is (GPU and CPU), so partly used nodes fill
         before idle ones are opened.
+    MIG requests: the same CPU look-ahead over free MIG compute slices, then partly used MIG GPUs first (idle GPUs
+    stay available for repartitioning), then nodes already in use.
     Devices: a GPU share goes to the GPU with the largest exact fragmentation decrease, then the tightest fit; whole
-    GPUs stay inside one block and keep other aligned blocks free; MIG requests go to partly used MIG GPUs first so
-    idle GPUs stay available for repartitioning.
+    GPUs stay inside one block and keep other aligned blocks free; a MIG instance on the most used GPU.
     """
 
     name = "gpuaas"
@@ -349,24 +350,27 @@ class GpuaasPolicy(FgdPolicy):
         return s + self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
 
     def _mig_score(self, state, pod, mask):
-        """MIG requests: use instances on GPUs that already serve others (idle GPUs stay free to repartition), avoid
-        nodes where this pod's CPU/memory would strand the remaining MIG capacity, consolidate across nodes."""
+        """MIG requests: the same CPU look-ahead over free MIG compute slices (slices the node's CPU can no longer
+        feed are stranded), then instances on GPUs that already serve others (idle GPUs stay free to repartition),
+        then nodes already in use."""
         col = state.mig_pos.get(pod.mig_profile)
         out = np.zeros(len(state))
         if col is None:
             return out
-        free_here = state.mig_free[:, :, col] > 0
+        slices = np.array([int(p.split("g.", 1)[0]) for p in state.mig_profiles], dtype=float)
+        free_slices = (state.mig_free * slices[None, None, :]).sum(axis=(1, 2))
+        c = self.cpu_per_gpu_milli * MILLI / 7.0  # CPU per compute slice
+        after = free_slices - slices[col]
+        cpu = state.cpu_left.astype(float)
+
+        def stranded(free, cpu_left):
+            return np.minimum(free, np.maximum(0.0, free * c - cpu_left) / c) if c > 0 else np.zeros_like(free)
+
+        relief = stranded(free_slices, cpu) - stranded(after, cpu - pod.cpu_milli)
         partly_used = state.mig_mask > 0
-        on_partial = (free_here & partly_used).any(axis=1)
-        node_used = partly_used.any(axis=1) | (state.gpu_left.sum(axis=1) < state.gpu_count * MILLI)
-        # Remaining MIG capacity on the node after this pod, in compute slices (free instances + idle GPUs)...
-        left_slices = state.mig_free.sum(axis=2).sum(axis=1) - 1
-        # ...is stranded when the node's CPU or memory left cannot host another pod like this one.
-        cpu_after = state.cpu_left - pod.cpu_milli
-        mem_after = state.mem_left - pod.memory_mib
-        stranded = (cpu_after < pod.cpu_milli) | (mem_after < pod.memory_mib)
-        strand_cost = np.where(stranded, np.minimum(left_slices, 7) / 7.0, 0.0)
-        return 4.0 * on_partial + 1.0 * node_used - 2.0 * strand_cost
+        on_partial = ((state.mig_free[:, :, col] > 0) & partly_used).any(axis=1)
+        node_used = partly_used.any(axis=1)
+        return np.round(relief, 3) + 0.5 * on_partial + 0.25 * node_used
 
     def devices(self, state, pod, node):
         if pod.mig_profile:

@@ -94,3 +94,13 @@ def test_model_constrained_shape_sees_other_models_as_fragment():
     index = FragmentationIndex(state, Workload((only_v100,), np.array([1.0])))
     # The T4 cannot serve the only shape: its whole GPU is fragment. The V100 serves it: nothing is.
     assert index.frag.tolist() == [1000.0, 0.0]
+
+
+def test_cpu_aware_index_limits_usable_share_by_cpu():
+    # Shape A (1000m CPU, 500 share). Node: GPUs [1000, 1000], CPU 1500 -> CPU feeds one A pod only.
+    # FGD: A fits, no GPU below 500 -> A's fragment 0. cpu_aware: usable = min(2000, 1 * 500) = 500 -> fragment 1500.
+    # B (CPU-only) counts all idle either way: 0.25 * 2000 = 500; C lacks CPU: 0.25 * 2000 = 500.
+    plain = FragmentationIndex(one_node([1000, 1000], cpu_left=1500), WORKLOAD)
+    aware = FragmentationIndex(one_node([1000, 1000], cpu_left=1500), WORKLOAD, cpu_aware=True)
+    assert plain.frag[0] == pytest.approx(1000.0)
+    assert aware.frag[0] == pytest.approx(0.5 * 1500 + 1000.0)

@@ -194,3 +194,22 @@ def test_filter_and_prioritize_for_the_extender():
     # -> onto 0..10: a 10, b 0; c infeasible 0. With candidates [1, 2] only b is feasible -> the top, 10.
     assert prioritize(BestFitPolicy(s), s, pod) == {0: 10, 1: 0, 2: 0}
     assert prioritize(BestFitPolicy(s), s, pod, candidates=[1, 2]) == {1: 10, 2: 0}
+
+
+@pytest.mark.parametrize("pod_cpu, relief", [
+    # Workload: one shape, 1 GPU with 10000m CPU -> 10 CPU-milli per GPU-milli.
+    # Node: 2 idle GPUs (2000), 15000m CPU free: feeding 2000 needs 20000 -> 5000 short -> 500 stranded.
+    # A 1-GPU pod with 10000m: after, 1000 idle needs 10000, 5000 left -> 500 stranded -> relief 0.
+    (10_000, 0.0),
+    # With 2000m: after, 1000 idle needs 10000, 13000 left -> 0 stranded -> relief 500.
+    (2_000, 500.0),
+    # With 14000m: after, 1000 idle needs 10000, 1000 left -> 900 stranded -> relief -400.
+    (14_000, -400.0),
+])
+def test_gpuaas_cpu_look_ahead(pod_cpu, relief):
+    s = ClusterState([NodeSpec("n", 15_000, 64_000, 2, "T4")])
+    wl = Workload((Shape(10_000, 1000, 1, frozenset()),), np.array([1.0]))
+    policy = GpuaasPolicy(s, wl)
+    assert policy.cpu_per_gpu_milli == pytest.approx(10.0)
+    pod = PodDemand(cpu_milli=pod_cpu, gpus=1, gpu_milli=1000)
+    assert policy._adjust(s, pod, np.array([0]))[0] == pytest.approx(relief)
