@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import pytest
 from kubernetes import client
@@ -129,3 +128,28 @@ def test_restarted_extender_rebuilds_device_state_from_the_pods(gpu_cluster, ns)
             int(d) for d in p.metadata.annotations[DEVICES_ANNOTATION].split(","))
     for node, devices in per_node.items():
         assert len(devices) == len(set(devices)), f"GPU double-booked on {node}: {sorted(devices)}"
+
+
+def test_killing_the_extender_mid_burst_loses_no_pod_and_double_books_no_gpu(gpu_cluster, ns):
+    cluster, extender = gpu_cluster
+    core = client.CoreV1Api(cluster.api)
+    sizes = [1, 2, 1, 4, 2, 1, 1, 2] * 3  # 24 pods, 42 of the 48 whole GPUs (the MIG pool has none)
+    for i, gpus in enumerate(sizes[:12]):
+        core.create_namespaced_pod(ns, gpu_pod(f"burst-{i:02d}", ns, gpus=gpus))
+    wait_for(lambda: len(running_on(cluster.api, ns)) >= 3, interval=0.02, what="the burst under way")
+    extender.kill()  # mid-burst: filter, prioritize and bind calls in flight are cut
+    for i, gpus in enumerate(sizes[12:], start=12):  # the burst goes on while gpuaas is down
+        core.create_namespaced_pod(ns, gpu_pod(f"burst-{i:02d}", ns, gpus=gpus))
+    time.sleep(2)
+    assert len(running_on(cluster.api, ns)) <= 12  # nothing was placed blind while the extender was down
+    extender.start()
+    pods = wait_for(lambda: (r := running_on(cluster.api, ns)) and len(r) == len(sizes) and r, timeout=120,
+                    what=f"all {len(sizes)} pods Running after the restart")
+    per_node: dict[str, list[int]] = {}
+    for p in pods.values():
+        per_node.setdefault(p.spec.node_name, []).extend(
+            int(d) for d in p.metadata.annotations[DEVICES_ANNOTATION].split(","))
+    for node, devices in per_node.items():
+        assert len(devices) == len(set(devices)), f"GPU double-booked on {node}: {sorted(devices)}"
+        assert max(devices) < 8
+    assert sum(len(v) for v in per_node.values()) == sum(sizes)
