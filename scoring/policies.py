@@ -300,6 +300,8 @@ class GpuaasPolicy(FgdPolicy):
 
     dF = FGD's fragmentation decrease + the decrease in GPU share stranded by CPU (`stranded`: a node's idle GPUs
     need CPU at the workload's CPU-per-GPU rate; GPU share beyond what the CPU left can feed is stranded).
+    Shapes restricted to a few GPU models weigh more (`scarcity_weighted`), so unrestricted pods leave scarce models
+    to the pods that can only run there.
     Node score = int(100 * sigmoid(dF / 1000)) (FGD's bands: nearly equal choices tie, and ties go to one consistent
     node order, which is what packs) + tie-breakers worth less than one band:
       * multi-GPU pods: +TOPOLOGY_BONUS if the node can hold the pod inside one NVLink/NUMA block;
@@ -315,8 +317,12 @@ class GpuaasPolicy(FgdPolicy):
     TOPOLOGY_BONUS = 0.5
     CONSOLIDATION = 0.45
 
+    SCARCITY_EXPONENT = 0.5
+
     def __init__(self, state, workload=None, rng=None):
-        super().__init__(state, workload, rng)
+        if workload is None:
+            raise ValueError("gpuaas needs a workload (typical pods)")
+        super().__init__(state, scarcity_weighted(state, workload, self.SCARCITY_EXPONENT), rng)
         # CPU the workload's GPU pods bring per thousandth of GPU (popularity-weighted over the typical shapes).
         w = self.index.workload
         gpu = np.array([sh.gpus * sh.gpu_milli for sh in w.shapes], dtype=float)
@@ -389,6 +395,19 @@ class GpuaasPolicy(FgdPolicy):
         delta = fx.frag[rows] - fx.frag_after_share(rows, gpus, pod)
         left = state.gpu_left[node, gpus]
         return int(gpus[np.lexsort((gpus, left, -delta))[0]])
+
+
+def scarcity_weighted(state: ClusterState, workload: Workload, exponent: float) -> Workload:
+    """Popularity x (cluster GPUs / GPUs the shape may use) ** exponent, renormalised. A no-op when no shape is
+    restricted to some GPU models."""
+    total = float(state.gpu_count.sum())
+    supply = np.array([float(state.gpu_count[state.model_allowed(PodDemand(gpus=1, gpu_milli=1,
+                                                                              allowed_models=sh.allowed_models))].sum())
+                       if sh.allowed_models else total for sh in workload.shapes])
+    weight = workload.popularity * (total / np.maximum(supply, 1.0)) ** exponent
+    if np.allclose(weight, workload.popularity):
+        return workload
+    return Workload(workload.shapes, weight / weight.sum())
 
 
 def fits_in_one_block(state: ClusterState, k: int) -> np.ndarray:

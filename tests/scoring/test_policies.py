@@ -213,3 +213,17 @@ def test_gpuaas_cpu_look_ahead(pod_cpu, relief):
     assert policy.cpu_per_gpu_milli == pytest.approx(10.0)
     pod = PodDemand(cpu_milli=pod_cpu, gpus=1, gpu_milli=1000)
     assert policy._adjust(s, pod, np.array([0]))[0] == pytest.approx(relief)
+
+
+def test_scarcity_weighting():
+    from scoring.policies import scarcity_weighted
+
+    # 6 GPUs in all: 2 T4 + 4 V100. Shape X runs anywhere (supply 6), shape Y only on T4 (supply 2).
+    s = ClusterState([NodeSpec("t", 8000, 1, 2, "T4"), NodeSpec("v", 8000, 1, 4, "V100-16GB")])
+    x = Shape(1000, 1000, 1, frozenset())
+    y = Shape(1000, 1000, 1, frozenset({"T4"}))
+    w = scarcity_weighted(s, Workload((x, y), np.array([0.5, 0.5])), 0.5)
+    # weights 0.5 * (6/6)^0.5 = 0.5 and 0.5 * (6/2)^0.5 = 0.866 -> normalised 0.366, 0.634
+    assert w.popularity.tolist() == pytest.approx([0.5 / 1.366025, 0.866025 / 1.366025], rel=1e-5)
+    unrestricted = Workload((x,), np.array([1.0]))
+    assert scarcity_weighted(s, unrestricted, 0.5) is unrestricted
