@@ -54,3 +54,32 @@ def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_
         entry["enableHTTPS"] = True
         entry["tlsConfig"] = {"caFile": ca_file} if ca_file else {"insecure": True}
     return entry
+
+
+SECOND_SCHEDULER_NAME = "gpuaas-scheduler"
+IN_CLUSTER_URL = "https://gpuaas-extender.gpuaas-system.svc:443"
+IN_CLUSTER_CA = "/etc/gpuaas/extender-ca/ca.crt"
+
+
+def kube_scheduler_configuration(url: str = IN_CLUSTER_URL, *, second_scheduler: bool = False,
+                                 ca_file: str | None = IN_CLUSTER_CA) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration a platform engineer deploys.
+
+    Default (the cluster's own kube-scheduler): the stock `default-scheduler` profile is left as it is, and GPU pods
+    scheduled by it go through gpuaas too (extenders serve every profile); a `gpuaas-scheduler` profile adds pure
+    packing for pods that ask for it by schedulerName.
+    `second_scheduler`: a separate kube-scheduler that only runs the `gpuaas-scheduler` profile, with its own lease,
+    beside an untouched default scheduler (the way HAMi and Volcano are deployed)."""
+    profiles = [gpuaas_profile(SECOND_SCHEDULER_NAME)]
+    if not second_scheduler:
+        profiles.insert(0, {"schedulerName": "default-scheduler"})
+    config: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": profiles,
+        "extenders": [extender_entry(url, ca_file=ca_file)],
+    }
+    if second_scheduler:
+        config["leaderElection"] = {"leaderElect": True, "resourceName": SECOND_SCHEDULER_NAME,
+                                    "resourceNamespace": "gpuaas-system"}
+    return config

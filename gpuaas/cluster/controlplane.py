@@ -195,12 +195,20 @@ class ControlPlane:
     def restart_scheduler(self, *, extenders: list[dict[str, Any]] | None = None,
                           profiles: list[dict[str, Any]] | None = None, timeout: float = 60.0) -> None:
         """Restart kube-scheduler with new extenders or profiles (what an operator does after editing its config)."""
-        assert self.state
+        self.stop_scheduler()
         self.extenders, self.scheduler_profiles = extenders, profiles
         self.write_scheduler_config()
+        self.start_scheduler(timeout)
+
+    def stop_scheduler(self) -> None:
+        """Stop kube-scheduler only: pods created meanwhile queue up (benchmarks measure the drain)."""
+        assert self.state
+        self._terminate("kube-scheduler", self.state.components["kube-scheduler"])
+
+    def start_scheduler(self, timeout: float = 60.0) -> None:
+        assert self.state
         comp = self.state.components["kube-scheduler"]
-        self._terminate("kube-scheduler", comp)
-        self._spawn("kube-scheduler", comp.argv, comp.port, append_log=True)
+        self._spawn("kube-scheduler", comp.argv, comp.port, append_log=True, extra=False)
         self._wait(lambda: self._http_ok(f"https://127.0.0.1:{comp.port}/healthz"), "kube-scheduler", timeout)
 
     def stop(self, grace: float = 5.0) -> None:
@@ -253,9 +261,11 @@ class ControlPlane:
         self.stop()
 
     # ---- process plumbing ----------------------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str], port: int | None, append_log: bool = False) -> None:
+    def _spawn(self, name: str, argv: list[str], port: int | None, append_log: bool = False,
+               extra: bool = True) -> None:
         assert self.state
-        argv = argv + self.extra_args.get(name, [])
+        if extra:  # (a restart reuses the recorded argv, extra arguments included)
+            argv = argv + self.extra_args.get(name, [])
         log = self.logs / f"{name}.log"
         with open(log, "ab" if append_log else "wb") as out:
             popen = subprocess.Popen(

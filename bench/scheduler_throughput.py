@@ -1,0 +1,93 @@
+"""kube-scheduler's throughput on a KWOK cluster with the gpuaas extender, as a ratio to the same run without it.
+
+Both runs, in one invocation: a fresh cluster of N 8-GPU nodes; kube-scheduler is stopped, P GPU pods (1, 2 or 4
+GPUs) are created, the scheduler is started and the clock runs until every pod is bound. Pods per second = P / that
+time. Run A: the default scheduler. Run B: the same scheduler calling the extender (filter, prioritize, bind) with the
+gpuaas profile. Prints JSON. Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kubernetes import client
+
+from extender.schedconfig import extender_entry, gpuaas_profile
+from gpuaas.cluster.components import extender_process
+from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.local import LocalCluster
+from gpuaas.cluster.pools import parse_pool_spec
+from gpuaas.workloads import gpu_pod
+
+
+def pools(nodes: int) -> dict:
+    half = nodes // 2
+    return {"pools": [
+        {"name": "a100", "count": half, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
+        {"name": "h100", "count": nodes - half, "gpu": {"model": "H100-80GB", "count": 8}, "cpu": "128",
+         "memory": "1Ti"},
+    ]}
+
+
+def unbound(core: client.CoreV1Api, namespace: str) -> int:
+    resp = core.list_namespaced_pod(namespace, field_selector="spec.nodeName=", _preload_content=False)
+    return len(json.loads(resp.data)["items"])
+
+
+def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
+        workdir = Path(tmp)
+        port = free_port()
+        extenders = [extender_entry(f"http://127.0.0.1:{port}")] if with_extender else None
+        profiles = [gpuaas_profile("default-scheduler")] if with_extender else None
+        cluster = LocalCluster(workdir, name="tput", extenders=extenders, scheduler_profiles=profiles)
+        ext = extender_process(workdir, cluster.kubeconfig, port=port) if with_extender else None
+        try:
+            cluster.up(parse_pool_spec(pools(nodes)), timeout=300)
+            if ext:
+                ext.start(timeout=60)
+            core = client.CoreV1Api(cluster.api)
+            core.create_namespace({"metadata": {"name": "tput"}})
+            cluster.control_plane.stop_scheduler()
+            rng = random.Random(seed)
+            sizes = [rng.choice((1, 1, 2, 4)) for _ in range(pods)]
+            with ThreadPoolExecutor(16) as ex:
+                list(ex.map(lambda i: core.create_namespaced_pod(
+                    "tput", gpu_pod(f"p{i:05d}", "tput", gpus=sizes[i], cpu="1", memory="1Gi"),
+                    _preload_content=False), range(pods)))
+            t0 = time.monotonic()
+            cluster.control_plane.start_scheduler()
+            while (left := unbound(core, "tput")) > 0:
+                if time.monotonic() - t0 > timeout:
+                    raise SystemExit(f"{left} pods still unbound after {timeout}s (extender={with_extender})")
+                time.sleep(0.25)
+            elapsed = time.monotonic() - t0
+            return {"extender": with_extender, "nodes": nodes, "pods": pods, "gpus_requested": sum(sizes),
+                    "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1)}
+        finally:
+            if ext:
+                ext.stop()
+            cluster.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    base = one_run(args.nodes, args.pods, args.seed, False, args.timeout)
+    ours = one_run(args.nodes, args.pods, args.seed, True, args.timeout)
+    print(json.dumps({"bench": "scheduler_throughput", "without_extender": base, "with_extender": ours,
+                      "ratio": round(ours["pods_per_second"] / base["pods_per_second"], 3), "target_ratio": 0.8},
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()
