@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import tempfile
 import time
@@ -39,6 +40,12 @@ def unbound(core: client.CoreV1Api, namespace: str) -> int:
     return len(json.loads(resp.data)["items"])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (what each component costs during the run)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+
+
 def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
@@ -60,6 +67,11 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
                 list(ex.map(lambda i: core.create_namespaced_pod(
                     "tput", gpu_pod(f"p{i:05d}", "tput", gpus=sizes[i], cpu="1", memory="1Gi"),
                     _preload_content=False), range(pods)))
+            procs = {name: comp.pid for name, comp in cluster.control_plane.state.components.items()
+                     if name != "kube-scheduler"}  # (the scheduler gets a new pid when it starts)
+            if ext:
+                procs["gpuaas-extender"] = ext.popen.pid
+            cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             t0 = time.monotonic()
             cluster.control_plane.start_scheduler()
             while (left := unbound(core, "tput")) > 0:
@@ -67,7 +79,9 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
                     raise SystemExit(f"{left} pods still unbound after {timeout}s (extender={with_extender})")
                 time.sleep(0.25)
             elapsed = time.monotonic() - t0
-            return {"extender": with_extender, "nodes": nodes, "pods": pods, "gpus_requested": sum(sizes),
+            cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 1) for name, pid in procs.items()}
+            cpu["kube-scheduler"] = cpu_seconds(cluster.control_plane.state.components["kube-scheduler"].pid)
+            return {"cpu_seconds_while_scheduling": cpu, "extender": with_extender, "nodes": nodes, "pods": pods, "gpus_requested": sum(sizes),
                     "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1)}
         finally:
             if ext:

@@ -12,20 +12,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
-from scoring.kubeobjects import (BoundPod, ObjectError, bound_pod, holds_resources, node_spec, pod_demand, pod_key,
-                                 requests_gpu)
+from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, bound_pod, holds_resources, node_spec,
+                                 pod_demand, pod_key, requests_gpu)
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.policies import Policy, make_policy
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+WORKLOAD_WINDOW = 5000
+
+
+def _devices_note(pod: Obj) -> str | None:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(DEVICES_ANNOTATION)
 
 
 @dataclass
@@ -51,6 +57,8 @@ class ClusterView:
         self.state: ClusterState | None = None
         self.policy: Policy | None = None
         self._dirty = True
+        self.recent: OrderedDict[str, PodDemand] = OrderedDict()
+        self._new_shapes = 0
         self.rebuilds = 0
         self.parse_errors = 0
 
@@ -86,6 +94,8 @@ class ClusterView:
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         key = pod_key(new or old)
+        if new is not None and key not in self.recent:
+            self._learn(key, new)
         if new is None or not holds_resources(new):
             self.pods.pop(key, None)
             placement = self.placements.get(key)
@@ -95,6 +105,10 @@ class ClusterView:
             if placement is not None and (key not in self.assumed or finished):
                 self._unplace(key)
             return
+        if (old is not None and key in self.pods and key not in self.assumed and holds_resources(old)
+                and old["spec"]["nodeName"] == new["spec"]["nodeName"]
+                and _devices_note(old) == _devices_note(new)):
+            return  # a status update (Running, conditions): nothing the model holds changed
         try:
             bound = bound_pod(new)
         except (ObjectError, UnknownGpuModelError, ValueError) as err:
@@ -117,19 +131,38 @@ class ClusterView:
         self._expire_assumptions()
         if self._dirty or self.state is None:
             self._rebuild()
+        elif self._workload_moved():
+            self._new_shapes = 0
+            self.policy = make_policy(self.policy_name, self.state, self.workload())
         assert self.state is not None and self.policy is not None
         return self.state, self.policy
 
+    def _learn(self, key: str, pod: Obj) -> None:
+        """Remember the shape of a pod seen for the first time: the workload FGD-style scores weigh is the shapes of
+        the last WORKLOAD_WINDOW pods that arrived, pending or placed, as FGD's target workload is the arrivals."""
+        try:
+            self.recent[key] = pod_demand(pod)
+        except (ObjectError, UnknownGpuModelError, ValueError):
+            return
+        if len(self.recent) > WORKLOAD_WINDOW:
+            self.recent.popitem(last=False)
+        self._new_shapes += 1
+
     def workload(self) -> Workload:
-        """The pod shapes FGD-style scores weigh: configured, or those of the GPU pods in the cluster now."""
+        """The pod shapes FGD-style scores weigh: configured, or those of recently arrived pods."""
         if self.fixed_workload is not None:
             return self.fixed_workload
-        demands = [p.demand for p in self.pods.values()]
+        demands = list(self.recent.values())
         if not demands:  # an empty cluster: assume one-GPU pods, the most common shape in every published trace
             demands = [PodDemand(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=1000)]
         return Workload.typical(demands)
 
+    def _workload_moved(self) -> bool:
+        # Re-deriving the workload rebuilds the policy's per-node tables: do it when a tenth of the window is new.
+        return self.fixed_workload is None and self._new_shapes >= max(50, len(self.recent) // 10)
+
     def _rebuild(self) -> None:
+        self._new_shapes = 0
         self.state = ClusterState(sorted(self.specs.values(), key=lambda s: s.name))
         self.policy = make_policy(self.policy_name, self.state, self.workload())
         self.rebuilds += 1

@@ -3,19 +3,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from scoring.kubeobjects import GPU_RESOURCE, MODELS_ANNOTATION, SHARE_RESOURCE
+from scoring.model import MILLI, PodDemand
+
 from .cluster.stages import COMPLETE_AFTER_ANNOTATION
 
 FAKE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: kwok plays the kubelet
 
 
-def container(*, gpus: int = 0, mig: str | None = None, cpu: str = "1", memory: str = "1Gi",
+def container(*, gpus: int = 0, mig: str | None = None, gpu_share: int = 0, cpu: str = "1", memory: str = "1Gi",
               name: str = "main") -> dict[str, Any]:
-    """One container asking for `gpus` whole GPUs, or one MIG instance of profile `mig` (e.g. "1g.10gb")."""
+    """One container asking for `gpus` whole GPUs, one MIG instance of profile `mig` (e.g. "1g.10gb"), or
+    `gpu_share` thousandths of one GPU."""
     limits: dict[str, str] = {}
     if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
     if mig:
         limits[f"nvidia.com/mig-{mig}"] = "1"
+    if gpu_share:
+        limits[SHARE_RESOURCE] = str(gpu_share)
     return {"name": name, "image": FAKE_IMAGE,
             "resources": {"requests": {"cpu": cpu, "memory": memory, **limits}, "limits": limits}}
 
@@ -48,3 +54,13 @@ def gpu_deployment(name: str, namespace: str = "default", *, replicas: int = 1, 
         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                  "template": pod_template(labels=labels, **container_args)},
     }
+
+
+def pod_for_demand(name: str, namespace: str, demand: PodDemand) -> dict[str, Any]:
+    """The pod a model demand stands for (trace replays): the inverse of scoring.kubeobjects.pod_demand."""
+    pod = gpu_pod(name, namespace, cpu=f"{demand.cpu_milli}m", memory=f"{demand.memory_mib}Mi",
+                  gpus=demand.gpus if demand.gpus and demand.gpu_milli == MILLI and not demand.mig_profile else 0,
+                  mig=demand.mig_profile or None, gpu_share=demand.gpu_milli if demand.is_share else 0)
+    if demand.allowed_models:
+        pod["metadata"]["annotations"][MODELS_ANNOTATION] = ",".join(sorted(demand.allowed_models))
+    return pod

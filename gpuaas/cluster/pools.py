@@ -262,3 +262,21 @@ def node_objects(pool: Pool) -> list[dict[str, Any]]:
 
 def spec_node_objects(spec: PoolSpec) -> list[dict[str, Any]]:
     return [node for pool in spec.pools for node in node_objects(pool)]
+
+
+def pools_from_node_specs(specs: list, prefix: str = "n") -> PoolSpec:
+    """A pool spec that mirrors a list of model nodes (scoring.model.NodeSpec, e.g. a trace's cluster): one pool per
+    distinct (GPU model, GPUs, CPU, memory), in order of first appearance."""
+    groups: dict[tuple, int] = {}
+    for s in specs:
+        key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib)
+        groups[key] = groups.get(key, 0) + 1
+    pools = []
+    for i, ((model, gpus, cpu, mem), count) in enumerate(groups.items()):
+        name = f"{prefix}{i}-{model.lower().replace('_', '-')}x{gpus}" if gpus else f"{prefix}{i}-cpu"
+        pool: dict[str, Any] = {"name": re.sub(r"[^a-z0-9-]", "-", name)[:40].strip("-"), "count": count,
+                                "cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": 1000}
+        if gpus:
+            pool["gpu"] = {"model": model, "count": gpus}
+        pools.append(pool)
+    return parse_pool_spec({"pools": pools})

@@ -9,6 +9,7 @@ from kubernetes import client
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
 from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_pod
@@ -153,3 +154,29 @@ def test_killing_the_extender_mid_burst_loses_no_pod_and_double_books_no_gpu(gpu
         assert len(devices) == len(set(devices)), f"GPU double-booked on {node}: {sorted(devices)}"
         assert max(devices) < 8
     assert sum(len(v) for v in per_node.values()) == sum(sizes)
+
+
+def test_https_extender_configured_from_the_environment(tmp_path):
+    """enableHTTPS with the cluster CA: kube-scheduler verifies the extender's certificate and binds through it."""
+    port = free_port()
+    cluster = LocalCluster(tmp_path / "c", name="tls", scheduler_profiles=[gpuaas_profile("default-scheduler")])
+    try:
+        cluster.control_plane.start()
+        cert, key = issue_serving_cert(cluster.control_plane.pki, "extender", "gpuaas-extender")
+        cluster.control_plane.restart_scheduler(
+            extenders=[extender_entry(f"https://127.0.0.1:{port}", ca_file=str(cluster.control_plane.pki.ca_cert))],
+            profiles=[gpuaas_profile("default-scheduler")])
+        cluster.add_pools(parse_pool_spec({"pools": [{"name": "gpu", "count": 2,
+                                                      "gpu": {"model": "H100-80GB", "count": 8}}]}))
+        ext = extender_process(tmp_path / "c", cluster.kubeconfig, port=port, env={
+            "GPUAAS_EXTENDER_TLS__CERT_FILE": str(cert), "GPUAAS_EXTENDER_TLS__KEY_FILE": str(key)})
+        ext.start()
+        try:
+            client.CoreV1Api(cluster.api).create_namespaced_pod("default", gpu_pod("tls-pod", gpus=2))
+            wait_for(lambda: pod_phase(cluster.api, "default", "tls-pod") == "Running", what="pod Running")
+            devices = pod(cluster.api, "default", "tls-pod").metadata.annotations[DEVICES_ANNOTATION].split(",")
+            assert len(set(devices)) == 2  # bound by the extender over HTTPS
+        finally:
+            ext.stop()
+    finally:
+        cluster.down()

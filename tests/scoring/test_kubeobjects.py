@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from gpuaas.cluster.pools import node_objects, parse_pool_spec
-from gpuaas.workloads import gpu_pod
+from gpuaas.workloads import gpu_pod, pod_for_demand
+from scoring.model import PodDemand
 from scoring.kubeobjects import (ObjectError, assigned_devices, node_spec, parse_quantity, pod_demand,
                                  pod_requests, requests_gpu)
 
@@ -99,3 +100,14 @@ def test_device_annotation():
     pod["metadata"]["annotations"]["gpuaas.io/devices"] = "four"
     with pytest.raises(ObjectError, match="gpuaas.io/devices"):
         assigned_devices(pod)
+
+
+@pytest.mark.parametrize("demand", [
+    PodDemand(cpu_milli=6000, memory_mib=12288, gpus=2, gpu_milli=1000, name="ml/a"),
+    PodDemand(cpu_milli=500, memory_mib=1024, gpus=1, gpu_milli=460, allowed_models=frozenset({"T4", "A10"}),
+              name="ml/b"),
+    PodDemand(cpu_milli=1000, memory_mib=2048, gpus=1, gpu_milli=1000, mig_profile="2g.20gb", name="ml/c"),
+    PodDemand(cpu_milli=16000, memory_mib=65536, name="ml/d"),
+])
+def test_pod_for_demand_reads_back_as_the_same_demand(demand):
+    assert pod_demand(pod_for_demand(demand.name.split("/")[1], "ml", demand)) == demand
