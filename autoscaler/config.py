@@ -88,6 +88,8 @@ class Target(Strict):
     beta: float = Field(1.5, ge=0)
     drain_s: float | None = Field(None, gt=0)
     scale_down_window_s: float | None = Field(None, ge=0)
+    hold_shape: Literal["flat", "linear"] = "linear"
+    hold_floor: float = Field(0.5, ge=0, le=1)
     default_service_time_s: float = Field(1.0, gt=0)
     windows: Windows = Windows()
     queries: dict[str, str] = Field(default_factory=dict)
@@ -138,6 +140,7 @@ class Target(Strict):
         return QueueDepthConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
                                 concurrency=self.concurrency, cold_start_s=self.cold_start_s, beta=self.beta,
                                 drain_s=self.drain_s, scale_down_window_s=self.scale_down_window_s,
+                                hold_shape=self.hold_shape, hold_floor=self.hold_floor,
                                 default_service_time_s=self.default_service_time_s, sync_period_s=sync_period_s)
 
 

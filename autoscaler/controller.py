@@ -251,10 +251,17 @@ class Controller:
 
 
 def build(config: AutoscalerConfig, kubeconfig: str | None = None, *, api=None) -> Controller:
-    """A controller wired to a real Prometheus and Kubernetes; the queries are validated first (ConfigError)."""
+    """A controller wired to a real Prometheus and Kubernetes. The queries are validated first, then the kubeconfig
+    is loaded; either failing is a ConfigError."""
+    from kubernetes.config import ConfigException
+
     from gpuaas.kubeclient import api_client
 
     prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
-    controller = Controller(config, prom, KubeTargets(api or api_client(kubeconfig)))
-    controller.validate()
-    return controller
+    Controller(config, prom, targets=None).validate()  # type: ignore[arg-type]  (validation does not touch Kubernetes)
+    if api is None:
+        try:
+            api = api_client(kubeconfig)
+        except (ConfigException, OSError) as exc:
+            raise ConfigError(f"kubeconfig {kubeconfig or '(in-cluster, then ~/.kube/config)'}: {exc}") from None
+    return Controller(config, prom, KubeTargets(api))

@@ -44,8 +44,10 @@ class QueueDepthConfig:
     cold_start_s: float = 60.0  # from asking for a replica to its first request
     beta: float = 1.5  # square-root staffing: slots = R + beta * sqrt(R), R = arrival rate x service time
     max_trend_factor: float = 3.0  # the rate one cold start ahead is at most this multiple of the rate now
+    hold_shape: str = "linear"  # "flat": hold the highest recommendation of the window; "linear": an older one counts
+    hold_floor: float = 0.5  # less, down to this fraction of it at the window's end
     drain_s: float | None = None  # queued work is sized to drain within this long (default: cold_start_s)
-    scale_down_window_s: float | None = None  # keep the highest recommendation this long (default: 10 cold starts)
+    scale_down_window_s: float | None = None  # remember recommendations this long (default: 15 cold starts)
     default_service_time_s: float = 1.0  # until a request has finished
     sync_period_s: float = 15.0
 
@@ -59,6 +61,10 @@ class QueueDepthConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.sync_period_s <= 0:
             raise ValueError(f"sync_period_s must be > 0, got {self.sync_period_s}")
+        if self.hold_shape not in ("flat", "linear"):
+            raise ValueError(f"hold_shape must be flat or linear, got {self.hold_shape!r}")
+        if not 0 <= self.hold_floor <= 1:
+            raise ValueError(f"hold_floor must be within [0, 1], got {self.hold_floor}")
 
 
 @dataclass(frozen=True)
@@ -127,19 +133,25 @@ class QueueDepthPolicy:
                             + (f", scaling up to {desired} on the queue that is visible" if desired > current else ""),
                             scale_down_blocked=True), state
         need, steady, why, state = self.demand(snap, state)
-        window = c.scale_down_window_s if c.scale_down_window_s is not None else 10 * c.cold_start_s
+        window = c.scale_down_window_s if c.scale_down_window_s is not None else 15 * c.cold_start_s
         recs = tuple((t, r) for t, r in state.recommendations if t > snap.now - window) + ((snap.now, need),)
         state = replace(state, recommendations=recs)
-        held = max(r for _, r in recs)
+        if c.hold_shape == "linear":  # an old recommendation counts less, down to `hold_floor` of it at the window's end
+            held = max(math.ceil(r * (1 - (1 - c.hold_floor) * (snap.now - t) / window) - 1e-9) if window > 0 else r
+                       for t, r in recs)
+        else:
+            held = max(r for _, r in recs)
         stabilized = need if need >= current else min(current, held)
         desired = _clamp(stabilized, c.min_replicas, c.max_replicas)
         if desired > current:
             reason = "ScaleUp"
         elif desired < current:
             reason = "ScaleDown"
+            if held > need:
+                why += f"; down to {held}: what the recommendations of the last {window:.0f}s still ask for"
         elif need < current:
             reason = "ScaleDownStabilized"
-            why += f"; keeping {current}: the highest recommendation of the last {window:.0f}s"
+            why += f"; keeping {held}: what the recommendations of the last {window:.0f}s still ask for"
         else:
             reason = "Steady"
         limited = None

@@ -42,7 +42,7 @@ def test_rising_rate_looks_one_cold_start_ahead():
 
 
 def test_scale_down_holds_the_highest_recommendation_of_the_window():
-    p = ours(scale_down_window_s=60)
+    p = ours(scale_down_window_s=60, hold_shape="flat")
     st = p.initial_state()
     d, st = p.recommend(snap(now=0, replicas=2, arrival_rate=20.0, service_time=2.0), st)
     assert d.desired == 7
@@ -75,6 +75,20 @@ def test_missing_data_still_scales_up_on_a_visible_queue():
     s = snap(replicas=1, pods=frozenset({"p0"}), arrival_rate=None, queue_per_pod={"p0": 3000.0})
     d, _ = ours().recommend(s, ours().initial_state())
     assert d.desired == 7 and "scaling up to 7" in d.message  # 3000 / 60 = 50 slots -> ceil(50/8) = 7
+
+
+def test_linear_hold_lets_old_recommendations_fade():
+    p = ours(scale_down_window_s=60, hold_shape="linear", hold_floor=0.5)
+    st = p.initial_state()
+    d, st = p.recommend(snap(now=0, replicas=2, arrival_rate=40.0, service_time=2.0), st)
+    # 80 slots + 1.5 sqrt(80) = 93.4 -> 12 replicas
+    assert d.desired == 12
+    # 30 s later the 12 counts 1 - 0.5 * 30/60 = 0.75 of itself: ceil(9) = 9
+    d, st = p.recommend(snap(now=30, replicas=12, arrival_rate=1.0, service_time=2.0), st)
+    assert (d.desired, d.reason) == (9, "ScaleDown") and "down to 9" in d.message
+    # 54 s: 12 x (1 - 0.45) = 6.6 -> 7
+    d, st = p.recommend(snap(now=54, replicas=9, arrival_rate=1.0, service_time=2.0), st)
+    assert d.desired == 7
 
 
 def test_min_max_clamp_is_reported():

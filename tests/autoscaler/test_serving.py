@@ -97,7 +97,10 @@ def test_ours_follows_a_step_up_and_back_down():
     r = simulate(arrivals(times), QueueDepthPolicy(QueueDepthConfig()))
     # 40 slots + 1.5 sqrt(40) = 49.5 -> 7 replicas in steady state; the first syncs add the backlog and the trend
     assert 7 <= r.max_replicas <= 16
-    after = [live for t, live, _, _ in r.timeline if t > 600 + 600 + 120]  # window (600 s) + rate windows after
+    # the load falls at 600 s; the default scale-down memory is 15 cold starts (900 s), plus the 1 min rate window
+    fading = [live for t, live, _, _ in r.timeline if 600 + 120 < t < 600 + 900]
+    assert fading == sorted(fading, reverse=True) and fading[0] > fading[-1]  # coming down step by step
+    after = [live for t, live, _, _ in r.timeline if t > 600 + 900 + 60]
     assert after and max(after) == 1
     # the first ~75 s of the step (scrape, sync, 60 s cold start) wait: about 3000 of 15000 requests
     assert 0.7 < r.slo_attainment < 0.85
