@@ -1,7 +1,8 @@
 """`gpuaas simulate <sub-verb>`: offline what-if runs of the scoring core.
 
 Sub-verbs register themselves in SUBVERBS (name -> function that adds its parser to the `simulate` sub-parsers and
-sets `func`), so another module (autoscaling) adds its own with `register_subverb`.
+sets `func`): another module adds its own by calling `register_subverb` at import time and being listed in
+SUBVERB_MODULES (a listed module that does not exist yet is skipped).
 
     gpuaas simulate packing --nodes CSV --pods CSV --policy NAME[,NAME...] --seed N [--tune 1.3] --json OUT [--plot PNG]
 
@@ -12,6 +13,7 @@ percent at that arrived percentage of cluster GPU capacity), `fragmentation_amou
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -19,11 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 SUBVERBS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
+# Modules that contribute `gpuaas simulate <sub-verb>`s by calling register_subverb when imported.
+SUBVERB_MODULES = ("gpuaas.simulate.autoscaling",)
 
 
 def register_subverb(name: str, add_parser: Callable[[argparse._SubParsersAction], None]) -> None:
     """Add a `gpuaas simulate <name>` sub-verb; `add_parser(subparsers)` must set `func` on its parser."""
-    if name in SUBVERBS:
+    if SUBVERBS.get(name, add_parser) is not add_parser:
         raise ValueError(f"simulate sub-verb {name!r} already registered")
     SUBVERBS[name] = add_parser
 
@@ -32,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("simulate", help="offline simulations of gpuaas decisions",
                                    description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="simulate_verb", metavar="SUBVERB")
+    for name in SUBVERB_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
     for add_parser in SUBVERBS.values():
         add_parser(sub)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])

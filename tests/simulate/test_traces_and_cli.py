@@ -81,3 +81,16 @@ def test_simulate_packing_unknown_policy(tmp_path, capsys):
                "--pods", str(write(tmp_path, "p.csv", PODS)), "--policy", "magic", "--quiet"])
     assert rc == 2
     assert "unknown policy magic" in capsys.readouterr().err
+
+
+def test_subverbs_are_open_for_registration(monkeypatch):
+    from gpuaas.simulate import cli as sim_cli
+
+    def add(sub):
+        p = sub.add_parser("dummy")
+        p.set_defaults(func=lambda args: 7)
+
+    monkeypatch.setitem(sim_cli.SUBVERBS, "dummy", add)
+    assert main(["simulate", "dummy"]) == 7
+    with pytest.raises(ValueError, match="already registered"):
+        sim_cli.register_subverb("packing", add)
