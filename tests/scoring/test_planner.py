@@ -98,3 +98,41 @@ def test_cheapest_nodes_reports_unplaceable_and_respects_models():
     plan = cheapest_nodes(pending, groups, time_limit=5)
     assert plan.unplaceable == [0]
     assert plan.new_nodes == {"l4": 1}
+
+
+class _NoTime:
+    """A solver that runs out of time before finding anything (CP-SAT's UNKNOWN)."""
+
+    def Solve(self, model):
+        from ortools.sat.python import cp_model
+        return cp_model.UNKNOWN
+
+
+def test_gang_falls_back_to_greedy_when_the_solver_times_out(monkeypatch):
+    import scoring.planner as planner
+
+    monkeypatch.setattr(planner, "_solver", lambda *a, **k: _NoTime())
+    s = ClusterState([NodeSpec(f"n{i}", 96_000, 512_000, 8, "A100-80GB") for i in range(2)])
+    plan = place_gang(s, [gpu_pod(4), gpu_pod(4)], policy="bestfit")
+    assert plan.status == "greedy" and plan.gap is None
+    assert sorted(len(g) for _, g in plan.placements) == [4, 4]
+
+
+def test_cheapest_nodes_falls_back_to_greedy(monkeypatch):
+    import scoring.planner as planner
+
+    monkeypatch.setattr(planner, "_solver", lambda *a, **k: _NoTime())
+    groups = [NodeGroup("l4", NodeSpec("t", 32_000, 128_000, 2, "L4"), 5.0)]
+    plan = cheapest_nodes([gpu_pod(1)] * 3, groups)
+    # First-fit decreasing: 2 pods on the first new node, 1 on a second -> 2 nodes, cost 10.
+    assert plan.status == "greedy" and plan.new_nodes == {"l4": 2} and plan.cost == 10.0
+
+
+def test_repartition_falls_back_to_greedy(monkeypatch):
+    import scoring.planner as planner
+
+    monkeypatch.setattr(planner, "_solver", lambda *a, **k: _NoTime())
+    s = ClusterState([NodeSpec("m0", 64_000, 512_000, 1, "A100-80GB", mig_layouts=({"1g.10gb": 7},))])
+    plan = repartition_mig(s, [PodDemand(gpus=1, mig_profile="7g.80gb")])
+    assert plan.status == "greedy" and plan.layouts == {(0, 0): {"7g.80gb": 1}}
+    assert plan.served == {"7g.80gb": 1}
