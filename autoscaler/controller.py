@@ -230,10 +230,16 @@ class Controller:
                     able = ("AbleToScale", "False", "FailedUpdateScale", f"{msg} failed: {reason}")
         active = (("ScalingActive", "False", "MetricsUnavailable",
                    f"{failing}; holding replicas, no scale-down on missing data") if failing else
-                  ("ScalingActive", "True", "ValidMetricFound", decision.message))
+                  ("ScalingActive", "True", "ValidMetricFound",
+                   "scaling on the arrival rate, service time and queue depth read from Prometheus"))
         limited = (("ScalingLimited", "True", decision.limited, f"the desired count is outside [{t.min_replicas}, "
                     f"{t.max_replicas}]") if decision.limited else
                    ("ScalingLimited", "False", "DesiredWithinRange", "the desired count is within the acceptable range"))
+        if not mem.conditions and observed.annotations.get(CONDITIONS_ANNOTATION):
+            try:  # after a restart, keep the transition times already recorded on the Deployment
+                mem.conditions = list(json.loads(observed.annotations[CONDITIONS_ANNOTATION]))
+            except (ValueError, TypeError):
+                pass
         conditions = merge_conditions(mem.conditions, [able, active, limited], now)
         if conditions != mem.conditions:
             try:

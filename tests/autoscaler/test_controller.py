@@ -55,10 +55,12 @@ class FakeTargets:
         self.conditions: list[dict] = []
         self.scaled: list[int] = []
         self.fail_scale = False
+        self.condition_writes = 0
+        self.annotations = {}
 
     def observe(self, target):
         pods = frozenset(f"llm-{i}" for i in range(self.replicas))
-        return Observed(self.replicas, pods, frozenset(), uid="u1")
+        return Observed(self.replicas, pods, frozenset(), uid="u1", annotations=self.annotations)
 
     def scale(self, target, replicas):
         if self.fail_scale:
@@ -71,6 +73,7 @@ class FakeTargets:
 
     def set_conditions(self, target, conditions):
         self.conditions = conditions
+        self.condition_writes += 1
 
     def condition(self, type_):
         return next(c for c in self.conditions if c["type"] == type_)
@@ -187,3 +190,22 @@ def test_conditions_json_shape():
     assert {d["type"] for d in kube.conditions} == {"AbleToScale", "ScalingActive", "ScalingLimited"}
     assert all(set(d) == {"type", "status", "reason", "message", "lastTransitionTime"} for d in kube.conditions)
     json.dumps(kube.conditions)
+
+
+def test_conditions_written_only_when_they_change_and_kept_across_restarts():
+    c, prom, kube, clock = make()
+    c.sync_once()  # scales 2 -> 7: AbleToScale SucceededRescale
+    clock.t += 15
+    c.sync_once()  # steady at 7: AbleToScale ReadyForNewScale
+    writes = kube.condition_writes
+    for _ in range(3):
+        clock.t += 15
+        c.sync_once()
+    assert kube.condition_writes == writes  # nothing changed, nothing written
+    since = kube.condition("ScalingActive")["lastTransitionTime"]
+    # a new controller process reads the annotation back: the transition time survives
+    kube.annotations = {"autoscaling.gpuaas.io/conditions": json.dumps(kube.conditions)}
+    c2 = Controller(c.config, prom, kube, clock=clock)
+    clock.t += 15
+    c2.sync_once()
+    assert kube.condition("ScalingActive")["lastTransitionTime"] == since
