@@ -96,7 +96,12 @@ def cmd_metrics_api(args: argparse.Namespace) -> int:
         print(f"gpuaas metrics-api: TLS files: {exc}", file=sys.stderr)
         return 2
     prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
-    backend = Backend(config, prom, KubePods(api_client(args.kubeconfig)))
+    try:
+        backend = Backend(config, prom, KubePods(api_client(args.kubeconfig)))
+        backend.validate()
+    except ConfigError as exc:
+        print(f"gpuaas metrics-api: refusing to start:\n{exc}", file=sys.stderr)
+        return 2
     MetricsApiServer(init_app(backend, config.allowed_client_names), host=args.host, port=args.port,
                      ssl_context=ctx).run()
     return 0

@@ -184,6 +184,20 @@ class MetricRule(Strict):
             raise ValueError(f"must be a Prometheus metric name, got {v!r}")
         return v
 
+    @field_validator("extra_object_query")
+    @classmethod
+    def _extra(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as exc:
+            raise ValueError(f"not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
+        bad = sorted(fields - {"namespace", "deployment"})
+        if bad:
+            raise ValueError(f"unknown placeholder {', '.join('{' + b + '}' for b in bad)}; known: deployment, namespace")
+        return v
+
 
 class MetricsApiConfig(Strict):
     prometheus: PrometheusConfig = PrometheusConfig()

@@ -71,15 +71,13 @@ class Described:
 
 
 def metric_value_list(version: str, metric: str, values: list[tuple[Described, float]], *, timestamp: str,
-                      selector: str | None = None, window_s: int = 60) -> dict:
+                      window_s: int = 60) -> dict:
     items = []
     for obj, value in values:
         described = {"kind": obj.kind, "namespace": obj.namespace, "name": obj.name, "apiVersion": obj.api_version}
         if version == "v1beta1":
             item = {"describedObject": described, "metricName": metric, "timestamp": timestamp,
-                    "windowSeconds": window_s, "value": quantity(value)}
-            if selector:
-                item["selector"] = {"matchLabels": {}}  # the object selector is not used for queue depth
+                    "windowSeconds": window_s, "value": quantity(value), "selector": None}
         else:
             item = {"describedObject": described, "metric": {"name": metric}, "timestamp": timestamp,
                     "windowSeconds": window_s, "value": quantity(value)}
@@ -130,6 +128,23 @@ class Backend:
         self.rules = {r.name: r for r in config.metrics}
         self.prom = prom
         self.pods = pods
+
+    def validate(self) -> None:
+        """Run each rule's queries once; a query Prometheus rejects is a ConfigError. An unreachable Prometheus is not
+        (the server starts and answers 503 until it is back)."""
+        from .config import ConfigError
+
+        for rule in self.rules.values():
+            queries = [f'sum by (pod) ({rule.series}{{namespace="validate"}})']
+            if rule.extra_object_query:
+                queries.append(rule.extra_object_query.format(namespace="validate", deployment="validate"))
+            for q in queries:
+                try:
+                    self.prom.query(q)
+                except BadQuery as exc:
+                    raise ConfigError(f"metric {rule.name}: {exc}") from None
+                except PrometheusUnavailable as exc:
+                    log.warning("could not validate metric %s: %s", rule.name, exc)
 
     def rule(self, metric: str) -> MetricRule:
         if metric not in self.rules:
@@ -242,7 +257,7 @@ async def object_metric(request: web.Request) -> web.Response:
     if resource == "pods":
         values = await _blocking(backend.pods_metric, ns, name, metric, selector)
         body = metric_value_list(v, metric, [(Described("Pod", ns, p, "/v1"), x) for p, x in values],
-                                 timestamp=_now(), selector=selector)
+                                 timestamp=_now())
         return web.json_response(body)
     if resource not in OBJECT_RESOURCES:
         raise ApiError(404, "NotFound", f"resource {resource!r} is not served; served: pods, deployments.apps")

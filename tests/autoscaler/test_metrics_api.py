@@ -148,3 +148,21 @@ def test_prometheus_down_is_503_then_recovers(server, pki):
 @pytest.mark.parametrize("value, text", [(2, "2"), (1.5, "1500m"), (0, "0"), (0.0004, "0"), (12.25, "12250m")])
 def test_quantity(value, text):
     assert quantity(value) == text
+
+
+def test_bad_rule_refused():
+    from autoscaler.config import ConfigError, parse
+    from autoscaler.prom import BadQuery
+
+    with pytest.raises(ConfigError, match="unknown placeholder {pod}"):
+        parse(MetricsApiConfig, {"metrics": [{"name": "q", "extra_object_query": "x{{a=\"{pod}\"}}"}]})
+    with pytest.raises(ConfigError, match="metrics.0.series: must be a Prometheus metric name"):
+        parse(MetricsApiConfig, {"metrics": [{"name": "q", "series": "rate(x[1m])"}]})
+
+    class Rejecting:
+        def query(self, q):
+            raise BadQuery(f"Prometheus rejected the query {q!r}: bad_data: parse error")
+
+    config = parse(MetricsApiConfig, {"metrics": [{"name": "q", "extra_object_query": "sum(x"}]})
+    with pytest.raises(ConfigError, match="metric q: Prometheus rejected"):
+        Backend(config, Rejecting(), FakePods()).validate()

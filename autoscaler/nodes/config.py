@@ -1,0 +1,141 @@
+"""Configuration of `gpuaas nodescaler`: node groups, scale-out, scale-in, leader election.
+
+A node group's `template` is a pool of `gpuaas/cluster/pools.py` without name and count (GPU model, GPUs per node, MIG
+layout, CPU, memory, labels, taints): the same validation, and for KWOK the same renderer of Node objects. Nodes belong
+to a group by the label `gpuaas.io/pool: <group name>`, as pool nodes do.
+
+    interval_s: 10
+    groups:
+    - name: a100x8
+      template: {gpu: {model: A100-80GB, count: 8}, cpu: "128", memory: 1Ti}
+      min_size: 0
+      max_size: 100
+      provisioning_delay_s: 90      # KWOK provider: GPUs become allocatable this long after the grow request
+      max_provision_s: 900          # a node whose GPUs are not allocatable by then counts as failed: group backs off
+      cost_per_hour: 32.8
+    scale_in: {utilization_threshold: 0.5, unneeded_s: 600}
+
+Loaded with gpuaas.config.load_config (file, then GPUAAS_NODESCALER_* environment variables).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
+from gpuaas.config import ConfigError, load_config
+from scoring.model import NodeSpec
+
+ENV_PREFIX = "GPUAAS_NODESCALER_"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeGroupConfig(_Strict):
+    name: str
+    template: dict[str, Any]
+    min_size: int = Field(default=0, ge=0)
+    max_size: int = Field(ge=0)
+    provisioning_delay_s: float = Field(default=0.0, ge=0)
+    max_provision_s: float = Field(default=900.0, gt=0)
+    cost_per_hour: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "NodeGroupConfig":
+        if self.min_size > self.max_size:
+            raise ValueError(f"group {self.name}: min_size {self.min_size} is more than max_size {self.max_size}")
+        for key in ("name", "count"):
+            if key in self.template:
+                raise ValueError(f"group {self.name}: template.{key} is not allowed (the group sets it)")
+        try:
+            parse_pool_spec({"pools": [{**self.template, "name": self.name, "count": 1}]})
+        except PoolSpecError as err:
+            raise ValueError(f"group {self.name}: template: " + str(err).replace("pools[0].", "").replace(
+                "invalid pool spec:\n  ", "").replace("\n  ", "; ")) from None
+        return self
+
+    @property
+    def pool(self) -> Pool:
+        """The template as a one-node pool (the renderer of gpuaas/cluster/pools.py takes pools)."""
+        return Pool.model_validate({**self.template, "name": self.name, "count": 1})
+
+    def node_spec(self, name: str) -> NodeSpec:
+        """The model of one node of this group, read back from the Node object the template renders, so the model of
+        an upcoming node is exactly what scoring.kubeobjects will read once the node is there."""
+        from gpuaas.cluster.pools import node_objects
+        from scoring.kubeobjects import node_spec
+
+        obj = node_objects(self.pool)[0]
+        obj["metadata"]["name"] = name
+        return node_spec(obj)
+
+
+class ScaleOutConfig(_Strict):
+    enabled: bool = True
+    mig_repartition: bool = True
+    planner_time_limit_s: float = Field(default=0.5, gt=0)  # per planner call (MIG, new nodes)
+    policy: str = "gpuaas"
+    backoff_initial_s: float = Field(default=300.0, gt=0)  # cluster-autoscaler's defaults
+    backoff_max_s: float = Field(default=1800.0, gt=0)
+    # Pods younger than this are not acted on, so that one reconcile sees a burst whole (Karpenter batches 1 s).
+    new_pod_delay_s: float = Field(default=0.0, ge=0)
+
+
+class ScaleInConfig(_Strict):
+    enabled: bool = True
+    utilization_threshold: float = Field(default=0.5, ge=0, le=1)  # GPU requests / allocatable (CA's GPU threshold)
+    unneeded_s: float = Field(default=600.0, ge=0)
+    delay_after_add_s: float = Field(default=600.0, ge=0)
+    max_drain_s: float = Field(default=600.0, gt=0)  # a drain not done by then is rolled back
+    eviction_retry_s: float = Field(default=5.0, gt=0)
+    max_concurrent_drains: int = Field(default=5, ge=1)
+    max_graceful_termination_s: int = Field(default=600, ge=0)
+
+
+class LeaderElectionConfig(_Strict):
+    enabled: bool = True
+    namespace: str = "kube-system"
+    name: str = "gpuaas-nodescaler"
+    lease_duration_s: float = Field(default=15.0, gt=0)
+    renew_deadline_s: float = Field(default=10.0, gt=0)
+    retry_period_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "LeaderElectionConfig":
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("leader election needs retry_period_s < renew_deadline_s < lease_duration_s")
+        return self
+
+
+class NodeScalerConfig(_Strict):
+    interval_s: float = Field(default=10.0, gt=0)
+    groups: list[NodeGroupConfig] = Field(min_length=1)
+    scale_out: ScaleOutConfig = ScaleOutConfig()
+    scale_in: ScaleInConfig = ScaleInConfig()
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+    provider: str = Field(default="kwok", pattern="^(kwok)$")
+    dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _unique(self) -> "NodeScalerConfig":
+        names = [g.name for g in self.groups]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"group names used twice: {', '.join(sorted(dup))}")
+        return self
+
+    def group(self, name: str) -> NodeGroupConfig | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+
+def load_nodescaler_config(path: Path | str | None, *, environ: dict[str, str] | None = None,
+                           overrides: dict[str, Any] | None = None) -> NodeScalerConfig:
+    return load_config(NodeScalerConfig, path, env_prefix=ENV_PREFIX, environ=environ, overrides=overrides)
+
+
+__all__ = ["ConfigError", "NodeGroupConfig", "NodeScalerConfig", "ScaleInConfig", "ScaleOutConfig",
+           "LeaderElectionConfig", "load_nodescaler_config"]

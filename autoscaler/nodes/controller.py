@@ -1,0 +1,425 @@
+"""The node autoscaler's reconcile: `decide` (pure: snapshot + memory -> what to do) and `NodeScaler.run_once(now)`,
+which takes a snapshot, decides, and has the thin Kubernetes shell (`Cluster`) and the provider act, re-validating
+what can have changed since the snapshot:
+
+- a drain is started by a patch conditional on the node's resourceVersion (someone else cordoned it: skipped);
+- a node is deleted only after the node's pods were listed from the apiserver (not the cache) and none must move;
+- pods are evicted through the Eviction API (the apiserver enforces PodDisruptionBudgets; 429 is retried later);
+- a MIG config is set only if the node's label is still the one the plan read;
+- before every write, the replica checks that it still holds the lease.
+
+Order within a reconcile: drains in progress go on, nodes that never became GPU-ready are removed (their group backs
+off), scale-out, then scale-in (skipped in a reconcile that scaled out, as cluster-autoscaler does).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .config import NodeScalerConfig
+from .drain import DeleteNode, DrainAction, Evict, Rollback, Wait, drain_step, eviction_body, rollback_patch, \
+    start_patch
+from .metrics import Metrics
+from .provider import NodeNotFound, Provider, ProviderError
+from .scalein import Round, must_move, plan_scale_in, update_unneeded
+from .scaleout import Grow, ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
+from .snapshot import DRAIN_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, DrainRecord, Snapshot, pod_info
+
+log = logging.getLogger("gpuaas.nodescaler")
+COMPONENT = "gpuaas-nodescaler"
+
+
+class NotLeader(RuntimeError):
+    """This replica lost the lease during a reconcile: it stops acting at once."""
+
+
+# ---- memory kept between reconciles (lost on restart by design: everything that must survive is on the nodes) ------
+@dataclass
+class Memory:
+    unneeded: dict[str, float] = field(default_factory=dict)
+    requested: list[Upcoming] = field(default_factory=list)
+    backoff: dict[str, tuple[float, int]] = field(default_factory=dict)  # group -> (until, consecutive failures)
+    next_evict: dict[str, float] = field(default_factory=dict)  # node -> earliest next eviction attempt
+    evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when evicted (the cache may lag behind)
+
+    def backed_off(self, now: float) -> set[str]:
+        return {g for g, (until, _) in self.backoff.items() if until > now}
+
+
+@dataclass
+class Decision:
+    drains: list[DrainAction] = field(default_factory=list)
+    failed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (node, group) never became GPU-ready
+    expired: list[Upcoming] = field(default_factory=list)  # asked for, never registered
+    scale_out: ScaleOutPlan = field(default_factory=ScaleOutPlan)
+    scale_in: Round | None = None
+    unneeded: dict[str, float] = field(default_factory=dict)
+
+
+def decide(snap: Snapshot, memory: Memory, config: NodeScalerConfig) -> Decision:
+    """Everything one reconcile will do, from the snapshot and the memory alone."""
+    d = Decision()
+    now = snap.now
+    for n in sorted(snap.nodes.values(), key=lambda n: n.name):
+        if n.drain is not None:
+            if now < memory.next_evict.get(n.name, 0.0):
+                d.drains.append(Wait(n.name, "eviction retry interval"))
+            else:
+                d.drains.append(drain_step(n, snap.pods_on(n.name), snap.pdbs, now, config.scale_in))
+        group = config.group(n.group)
+        if group is not None and n.booting and n.drain is None and now - n.created > group.max_provision_s:
+            d.failed_nodes.append((n.name, n.group))
+    requested = []
+    for u in memory.requested:
+        if u.name in snap.nodes:
+            continue  # registered: the snapshot tracks it from here
+        (d.expired if now > u.deadline else requested).append(u)
+    backed_off = memory.backed_off(now) | {g for _, g in d.failed_nodes} | {u.group for u in d.expired}
+    if config.scale_out.enabled:
+        d.scale_out = plan_scale_out(snap, config, requested=requested, backed_off=backed_off)
+    d.unneeded = update_unneeded(memory.unneeded, snap, config)
+    if not d.scale_out.acts and not d.failed_nodes:
+        d.scale_in = plan_scale_in(snap, config, d.unneeded)
+    return d
+
+
+# ---- the Kubernetes shell -----------------------------------------------------------------------------------------
+class Cluster(Protocol):
+    def get_node(self, name: str) -> dict[str, Any] | None: ...
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> bool:
+        """False on a conflict (the node changed since it was read) or when it is gone."""
+
+    def pods_on_node(self, name: str) -> list[dict[str, Any]]: ...
+
+    def evict(self, namespace: str, name: str, body: dict[str, Any]) -> str:
+        """'evicted', 'blocked' (429: a PodDisruptionBudget), 'gone' (404) or 'error: ...'."""
+
+    def event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None: ...
+
+
+class KubeCluster:
+    def __init__(self, api):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.api = api
+        self._recent: dict[tuple, float] = {}
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        import json
+
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return json.loads(self.core.read_node(name, _preload_content=False).data)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            # A JSON merge patch: null removes an annotation, a list replaces the taints (guarded by resourceVersion).
+            self.api.call_api(f"/api/v1/nodes/{name}", "PATCH", body=patch,
+                              header_params={"Content-Type": "application/merge-patch+json", "Accept":
+                                             "application/json"},
+                              auth_settings=["BearerToken"], _preload_content=False)
+            return True
+        except ApiException as err:
+            if err.status in (404, 409):
+                return False
+            raise
+
+    def pods_on_node(self, name: str) -> list[dict[str, Any]]:
+        import json
+
+        resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}", _preload_content=False)
+        return json.loads(resp.data)["items"]
+
+    def evict(self, namespace: str, name: str, body: dict[str, Any]) -> str:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+            return "evicted"
+        except ApiException as err:
+            if err.status == 429:
+                return "blocked"
+            if err.status == 404:
+                return "gone"
+            return f"error: {err.status} {err.reason}"
+
+    def event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
+        key = (obj.get("kind"), obj.get("namespace"), obj.get("name"), reason, message)
+        now = time.time()
+        if now - self._recent.get(key, 0.0) < 300:  # the same event for the same object: once per 5 minutes
+            return
+        self._recent[key] = now
+        if len(self._recent) > 20000:
+            self._recent = {k: t for k, t in self._recent.items() if now - t < 300}
+        ts = dt.datetime.now(dt.timezone.utc).isoformat()
+        ns = obj.get("namespace") or "default"
+        try:
+            self.core.create_namespaced_event(ns, {
+                "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
+                "involvedObject": {k: v for k, v in obj.items() if v},
+                "type": type_, "reason": reason, "message": message[:1024],
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
+                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}, _preload_content=False)
+        except Exception as err:  # an event is a record, never a reason to stop acting
+            log.warning("event %s on %s/%s: %s", reason, ns, obj.get("name"), err)
+
+
+def node_ref(name: str) -> dict[str, str]:
+    return {"apiVersion": "v1", "kind": "Node", "name": name}
+
+
+def pod_ref(key: str, uid: str = "") -> dict[str, str]:
+    ns, name = key.split("/", 1)
+    return {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": uid}
+
+
+# ---- the reconcile ------------------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    """What one reconcile did (for logs, tests and benchmarks)."""
+
+    now: float
+    grows: list[tuple[str, int, float]] = field(default_factory=list)  # (group, count, wall time of the request)
+    mig: list[tuple[str, str]] = field(default_factory=list)
+    drains_started: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    decide_s: float = 0.0
+
+
+class NodeScaler:
+    def __init__(self, config: NodeScalerConfig, snapshot: Callable[[float], Snapshot], cluster: Cluster,
+                 provider: Provider, *, metrics: Metrics | None = None, may_act: Callable[[], bool] = lambda: True,
+                 wall: Callable[[], float] = time.time):
+        self.config = config
+        self.snapshot = snapshot
+        self.cluster = cluster
+        self.provider = provider
+        self.metrics = metrics or Metrics()
+        self.may_act = may_act
+        self.wall = wall
+        self.memory = Memory()
+
+    def _check(self) -> None:
+        if not self.may_act():
+            raise NotLeader("lost the lease")
+
+    def run_once(self, now: float, snap: Snapshot | None = None) -> Report:
+        """One reconcile at `now` (epoch seconds) on `snap`, or on a snapshot taken now."""
+        t0 = time.perf_counter()
+        snap = self.snapshot(now) if snap is None else snap
+        decision = decide(snap, self.memory, self.config)
+        report = Report(now, decide_s=time.perf_counter() - t0)
+        self.memory.unneeded = decision.unneeded
+        self._gauges(snap)
+        if self.config.dry_run:
+            log.info("dry run: %s", decision)
+            return report
+        try:
+            self._drains(snap, decision, report)
+            self._failed(decision, report)
+            self._scale_out(snap, decision.scale_out, report)
+            if decision.scale_in is not None:
+                self._scale_in(snap, decision.scale_in, report)
+        except NotLeader:
+            log.warning("lost the lease in the middle of a reconcile; stopped acting")
+        finally:
+            self.metrics.reconcile.observe(time.perf_counter() - t0)
+        return report
+
+    # -- drains in progress ------------------------------------------------------------------------------------------
+    def _drains(self, snap: Snapshot, d: Decision, report: Report) -> None:
+        for action in d.drains:
+            if isinstance(action, Evict):
+                self._evict(action, report)
+            elif isinstance(action, DeleteNode):
+                self._delete_drained(action, report)
+            elif isinstance(action, Rollback):
+                self._rollback(action.node, action.why, report)
+
+    def _evict(self, action: Evict, report: Report) -> None:
+        blocked = 0
+        now = self.wall()
+        self.memory.evicted = {u: t for u, t in self.memory.evicted.items() if now - t < 30}
+        for pod in action.pods:
+            if pod.uid and pod.uid in self.memory.evicted:
+                continue  # evicted a moment ago; the watch has not shown it terminating yet
+            self._check()
+            outcome = self.cluster.evict(pod.namespace, pod.name, eviction_body(pod, self.config.scale_in))
+            self.metrics.decisions.labels("evict", outcome.split(":")[0]).inc()
+            if outcome == "evicted":
+                report.evicted.append(pod.key)
+                self.memory.evicted[pod.uid] = now
+                self.cluster.event(pod_ref(pod.key, pod.uid), "Normal", "ScaleDown",
+                                   f"evicted by {COMPONENT}: node {action.node} is being removed")
+            elif outcome == "blocked":
+                blocked += 1
+                report.blocked.append(pod.key)
+            elif outcome.startswith("error"):
+                self.metrics.errors.labels("evict").inc()
+                log.warning("evicting %s: %s", pod.key, outcome)
+        if blocked:
+            self.memory.next_evict[action.node] = self.wall() + self.config.scale_in.eviction_retry_s
+
+    def _delete_drained(self, action: DeleteNode, report: Report) -> None:
+        # Re-validate from the apiserver, not the cache: nothing that must move may be on the node.
+        left = must_move([pod_info(p) for p in self.cluster.pods_on_node(action.node)])
+        if left:
+            report.skipped.append(f"{action.node}: {len(left)} pods appeared (e.g. {left[0].key}); not deleting")
+            return
+        self._delete(action.node, action.group, "drained", report)
+
+    def _delete(self, node: str, group_name: str, reason: str, report: Report) -> None:
+        group = self.config.group(group_name)
+        if group is None:
+            return
+        self._check()
+        try:
+            self.provider.delete_node(group, node)
+        except NodeNotFound:
+            return  # deleted before (the cache still showed it)
+        except ProviderError as err:
+            self.metrics.errors.labels("delete_node").inc()
+            log.warning("deleting %s: %s", node, err)
+            return
+        report.deleted.append(node)
+        self.memory.next_evict.pop(node, None)
+        self.metrics.decisions.labels("node_delete", reason).inc()
+        self.metrics.nodes_removed.labels(group_name, reason).inc()
+        self.cluster.event(node_ref(node), "Normal", "NodeRemoved", f"{COMPONENT} removed node {node} ({reason})")
+
+    def _rollback(self, node: str, why: str, report: Report) -> None:
+        obj = self.cluster.get_node(node)
+        if obj is None or DRAIN_ANNOTATION not in (obj["metadata"].get("annotations") or {}):
+            return
+        self._check()
+        if self.cluster.patch_node(node, rollback_patch(obj["spec"].get("taints") or [],
+                                                        obj["metadata"]["resourceVersion"])):
+            report.rolled_back.append(node)
+            self.memory.next_evict.pop(node, None)
+            self.metrics.decisions.labels("drain_rollback", "done").inc()
+            self.cluster.event(node_ref(node), "Warning", "DrainRolledBack", f"drain rolled back: {why}")
+
+    # -- nodes that never came up ------------------------------------------------------------------------------------
+    def _failed(self, d: Decision, report: Report) -> None:
+        now = self.wall()
+        groups = {g for _, g in d.failed_nodes} | {u.group for u in d.expired}
+        for g in groups:
+            _, failures = self.memory.backoff.get(g, (0.0, 0))
+            failures += 1
+            delay = min(self.config.scale_out.backoff_initial_s * 2 ** (failures - 1), self.config.scale_out.backoff_max_s)
+            self.memory.backoff[g] = (now + delay, failures)
+            self.metrics.decisions.labels("provision_failed", g).inc()
+            log.warning("group %s backs off for %.0fs: nodes did not become GPU-ready in time", g, delay)
+        expired = {u.name for u in d.expired}
+        self.memory.requested = [u for u in self.memory.requested if u.name not in expired]
+        for node, group in d.failed_nodes:
+            self.cluster.event(node_ref(node), "Warning", "ProvisioningFailed",
+                               f"GPUs not allocatable within max_provision_s; group {group} backs off")
+            self._delete(node, group, "provisioning-failed", report)
+
+    # -- scale-out ---------------------------------------------------------------------------------------------------
+    def _scale_out(self, snap: Snapshot, plan: ScaleOutPlan, report: Report) -> None:
+        since = {p.key: p.unschedulable_since for p in snap.pending}
+        for g in plan.grows:
+            group = self.config.group(g.group)
+            self._check()
+            try:
+                names = self.provider.grow(group, g.count)
+            except ProviderError as err:
+                self.metrics.errors.labels("grow").inc()
+                self.metrics.decisions.labels("scale_up", "error").inc()
+                log.warning("growing %s by %d: %s", g.group, g.count, err)
+                continue
+            t = self.wall()
+            report.grows.append((g.group, g.count, t))
+            deadline = t + group.max_provision_s
+            self.memory.requested += [Upcoming(n, g.group, deadline) for n in names]
+            self.metrics.decisions.labels("scale_up", "done").inc()
+            self.metrics.nodes_added.labels(g.group).inc(g.count)
+            oldest = min((since[k] for k in g.pods if since.get(k)), default=None)
+            if oldest is not None:
+                self.metrics.scale_up_latency.observe(max(0.0, t - oldest))
+            log.info("scale-up: group %s +%d for %d pods (%.2f/h each)", g.group, g.count, len(g.pods),
+                     g.cost_per_hour)
+        for m in plan.mig:
+            self._set_mig(m, report)
+        # Events after the actions: they are records, not on the latency path.
+        for g in plan.grows:
+            for key in g.pods:
+                self.cluster.event(pod_ref(key), "Normal", "TriggeredScaleUp",
+                                   f"pod triggered scale-up: group {g.group} +{g.count} node(s)")
+        for m in plan.mig:
+            for key in m.pods:
+                self.cluster.event(pod_ref(key), "Normal", "TriggeredMigRepartition",
+                                   f"node {m.node} is being repartitioned to {m.config} for this pod")
+        for key, why in plan.unplaceable.items():
+            self.cluster.event(pod_ref(key), "Normal", "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}")
+
+    def _set_mig(self, m: SetMigConfig, report: Report) -> None:
+        obj = self.cluster.get_node(m.node)
+        if obj is None:
+            return
+        labels = obj["metadata"].get("labels") or {}
+        if obj["spec"].get("unschedulable") or labels.get(MIG_STATE_LABEL) == "pending":
+            report.skipped.append(f"{m.node}: changed since the MIG plan")
+            return
+        self._check()
+        patch = {"metadata": {"labels": {MIG_CONFIG_LABEL: m.config, MIG_STATE_LABEL: "pending"},
+                              "resourceVersion": obj["metadata"]["resourceVersion"]}}
+        if self.cluster.patch_node(m.node, patch):
+            report.mig.append((m.node, m.config))
+            self.metrics.decisions.labels("mig_repartition", "done").inc()
+            self.cluster.event(node_ref(m.node), "Normal", "MigRepartition",
+                               f"{MIG_CONFIG_LABEL} {labels.get(MIG_CONFIG_LABEL)} -> {m.config} for "
+                               f"{len(m.pods)} pending pods")
+
+    # -- scale-in ----------------------------------------------------------------------------------------------------
+    def _scale_in(self, snap: Snapshot, r: Round, report: Report) -> None:
+        for cmd in r.commands:
+            obj = self.cluster.get_node(cmd.node)
+            if obj is None:
+                continue
+            meta = obj["metadata"]
+            if DRAIN_ANNOTATION in (meta.get("annotations") or {}) or obj["spec"].get("unschedulable"):
+                report.skipped.append(f"{cmd.node}: cordoned since the snapshot")
+                continue
+            now = self.wall()
+            record = DrainRecord(secrets.token_hex(4), f"{cmd.method}: {cmd.why}", now,
+                                 now + self.config.scale_in.max_drain_s)
+            self._check()
+            if not self.cluster.patch_node(cmd.node, start_patch(record, obj["spec"].get("taints") or [],
+                                                                 meta["resourceVersion"])):
+                report.skipped.append(f"{cmd.node}: changed since it was read")
+                continue
+            report.drains_started.append(cmd.node)
+            self.metrics.decisions.labels("drain_start", cmd.method).inc()
+            self.cluster.event(node_ref(cmd.node), "Normal", "ScaleDown",
+                               f"draining node {cmd.node} (drain {record.id}): {record.reason}")
+
+    def _gauges(self, snap: Snapshot) -> None:
+        self.metrics.pending.set(len(snap.pending))
+        for g in self.config.groups:
+            nodes = snap.group_nodes(g.name)
+            self.metrics.group_size.labels(g.name, "draining").set(sum(1 for n in nodes if n.drain is not None))
+            self.metrics.group_size.labels(g.name, "booting").set(sum(1 for n in nodes if n.booting))
+            self.metrics.group_size.labels(g.name, "ready").set(
+                sum(1 for n in nodes if not n.booting and n.drain is None))
+            self.metrics.backoff.labels(g.name).set(1 if g.name in self.memory.backed_off(snap.now) else 0)

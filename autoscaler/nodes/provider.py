@@ -1,0 +1,149 @@
+"""Where nodes come from: the provider interface, the KWOK provider and an in-memory fake for tests.
+
+A cloud provider plugs in behind `Provider` (each method's docstring says whether it is required). The controller
+never assumes a node exists because it asked for one: it reads Nodes from the API, and a grow request that does not
+turn into GPU-ready nodes within the group's `max_provision_s` backs the group off.
+
+KWOK provider. A real GPU node registers first and advertises its GPUs only once the driver and the device plugin are
+up; cluster-autoscaler and Karpenter both stumble on that gap (double scale-ups, autoscaler#1949, karpenter#1459). The
+KWOK provider reproduces it: `grow` creates Node objects at once, rendered from the group's template by the same
+`gpuaas/cluster/pools.node_objects` that renders every KWOK GPU node, but with the GPU resources held back in the
+annotation `gpuaas.io/kwok-gpu-resources` and the time they appear in `gpuaas.io/kwok-gpu-ready-at` (now +
+`provisioning_delay_s`), and the label `gpuaas.io/kwok-gpu-registering`. The harness's node agent (`gpuaas/cluster/migmanager.py`, playing the device plugin and the
+MIG manager) publishes them at that time, so the delay survives a restart of the autoscaler, as a cloud's would.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from scoring.gpus import MIG_RESOURCE_PREFIX
+from scoring.kubeobjects import GPU_RESOURCE
+
+from gpuaas.cluster.migmanager import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
+
+from .config import NodeGroupConfig
+
+PROVIDER_LABEL = "gpuaas.io/provisioned-by"
+REQUESTED_AT_ANNOTATION = "gpuaas.io/requested-at"  # when the grow request was made (epoch seconds)
+
+
+class ProviderError(RuntimeError):
+    """A provider call failed; the controller records it and retries on a later reconcile."""
+
+
+class NodeNotFound(ProviderError):
+    """The node is already gone (delete is then done)."""
+
+
+def is_not_found(err: BaseException) -> bool:
+    return isinstance(err, NodeNotFound)
+
+
+class Provider(Protocol):
+    def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
+        """Ask for `count` more nodes of `group`; return their names (they may register later). Implementation
+        required."""
+
+    def delete_node(self, group: NodeGroupConfig, name: str) -> None:
+        """Remove the node (instance and Node object). Raises NodeNotFound if it is already gone. Implementation
+        required."""
+
+
+def render_node(group: NodeGroupConfig, name: str, now: float) -> dict[str, Any]:
+    """The Node object of a new node of `group`, GPUs held back until the provisioning delay has passed."""
+    from gpuaas.cluster.pools import node_objects
+
+    node = node_objects(group.pool)[0]
+    meta = node["metadata"]
+    meta["name"] = name
+    meta["labels"]["kubernetes.io/hostname"] = name
+    meta["labels"][PROVIDER_LABEL] = "gpuaas-nodescaler"
+    meta["annotations"][REQUESTED_AT_ANNOTATION] = f"{now:.3f}"
+    node["spec"]["providerID"] = f"kwok://{name}"
+    held = {k: v for k, v in node["status"]["allocatable"].items()
+            if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)}
+    if held:
+        meta["annotations"][GPU_RESOURCES_ANNOTATION] = json.dumps(held, sort_keys=True)
+        meta["annotations"][GPU_READY_AT_ANNOTATION] = f"{now + group.provisioning_delay_s:.3f}"
+        meta["labels"][REGISTERING_LABEL] = "true"
+        for part in ("capacity", "allocatable"):
+            for k in held:
+                node["status"][part][k] = "0"
+    return node
+
+
+class KwokProvider:
+    def __init__(self, api, *, clock: Callable[[], float] = time.time, workers: int = 16):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.clock = clock
+        self.workers = workers
+
+    def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
+        from kubernetes.client.rest import ApiException
+
+        now = self.clock()
+        names = [f"{group.name}-{secrets.token_hex(3)}" for _ in range(count)]
+        errors: list[str] = []
+
+        def create(name: str) -> None:
+            try:
+                self.core.create_node(render_node(group, name, now), _preload_content=False)
+            except ApiException as err:
+                errors.append(f"{name}: {err.status} {err.reason}")
+
+        with ThreadPoolExecutor(max_workers=min(self.workers, max(1, count))) as pool:
+            list(pool.map(create, names))
+        if errors:
+            raise ProviderError(f"creating {len(errors)} of {count} nodes of {group.name} failed: {errors[0]}")
+        return names
+
+    def delete_node(self, group: NodeGroupConfig, name: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.delete_node(name, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                raise NodeNotFound(f"node {name} is already gone") from None
+            raise ProviderError(f"deleting node {name}: {err.status} {err.reason}") from None
+
+
+@dataclass
+class FakeProvider:
+    """Records calls; `next_error` is raised (once) by the next call; `allowed_grows` caps how many grow calls pass."""
+
+    grow_calls: list[tuple[str, int]] = field(default_factory=list)
+    delete_calls: list[str] = field(default_factory=list)
+    next_error: Exception | None = None
+    allowed_grows: int | None = None
+    _n: int = 0
+
+    def _fail(self) -> None:
+        if self.next_error is not None:
+            err, self.next_error = self.next_error, None
+            raise err
+
+    def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
+        self._fail()
+        if self.allowed_grows is not None:
+            if self.allowed_grows <= 0:
+                raise ProviderError(f"fake: no more grow calls allowed ({group.name})")
+            self.allowed_grows -= 1
+        self.grow_calls.append((group.name, count))
+        names = [f"{group.name}-fake{self._n + i}" for i in range(count)]
+        self._n += count
+        return names
+
+    def delete_node(self, group: NodeGroupConfig, name: str) -> None:
+        self._fail()
+        if name in self.delete_calls:
+            raise NodeNotFound(f"node {name} is already gone")
+        self.delete_calls.append(name)

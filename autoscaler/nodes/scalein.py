@@ -1,0 +1,205 @@
+"""Scale-in: which GPU nodes to drain and remove. Pure functions of the snapshot.
+
+A node is a candidate when it belongs to a configured group above its min_size, has been GPU-ready for
+`delay_after_add_s`, nobody else cordoned it, it is not marked `cluster-autoscaler.kubernetes.io/scale-down-disabled`
+or `karpenter.sh/do-not-disrupt`, and its GPU requests have stayed below `utilization_threshold` of its GPUs for
+`unneeded_s` (GPU only, as cluster-autoscaler judges GPU nodes: a CPU pod does not keep a GPU node alive).
+
+Each disruption method is a small type behind `Method`, tried in order (`METHODS`); each returns `DrainCommand`s, data
+the executor re-validates before acting. A command's pods are those that must move; the method has checked that each
+may be evicted and that the rest of the cluster has room for them (the extender's placement code on a copy of the
+model, with the nodes already draining or chosen in this round taken out).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scoring.model import MILLI
+from scoring.policies import feasible
+
+from .config import NodeScalerConfig
+from .scaleout import block_rows, place_greedy, unavailable_rows
+from .snapshot import NodeInfo, PdbInfo, PodInfo, Snapshot
+
+
+@dataclass(frozen=True)
+class DrainCommand:
+    node: str
+    group: str
+    method: str
+    pods: tuple[str, ...]  # pods to evict
+    why: str
+
+
+def must_move(pods: Sequence[PodInfo]) -> list[PodInfo]:
+    """The pods that have to leave before the node may go: everything holding resources but DaemonSet and static pods."""
+    return [p for p in pods if p.holds and not p.daemon]
+
+
+def eviction_blocker(pod: PodInfo, pdbs: Sequence[PdbInfo], *, check_budget: bool = True) -> str | None:
+    """Why this pod may not be evicted now (None if it may)."""
+    if pod.do_not_disrupt:
+        return f"pod {pod.key} has karpenter.sh/do-not-disrupt"
+    if pod.safe_to_evict is False:
+        return f"pod {pod.key} has cluster-autoscaler.kubernetes.io/safe-to-evict=false"
+    if not pod.owner_kind and pod.safe_to_evict is not True:
+        return f"pod {pod.key} has no controller to recreate it (set safe-to-evict=true to allow)"
+    if check_budget:
+        for pdb in pdbs:
+            if pdb.selects(pod) and pdb.disruptions_allowed <= 0:
+                return f"pod {pod.key}: PodDisruptionBudget {pdb.key} allows no disruption now"
+    return None
+
+
+def gpu_utilization(snap: Snapshot, node: str) -> float | None:
+    """GPU share in use on the node, 0..1 (MIG instances count their compute slices); None if not modelled."""
+    row = snap.state.index.get(node)
+    if row is None or not snap.state.gpu_count[row]:
+        return None
+    total = int(snap.state.gpu_count[row]) * MILLI
+    idle = int(snap.state.gpu_idle_milli()[row])
+    return (total - idle) / total
+
+
+def update_unneeded(previous: Mapping[str, float], snap: Snapshot, config: NodeScalerConfig) -> dict[str, float]:
+    """Since when each node has been below the threshold (kept while it stays there, dropped when it rises)."""
+    out = {}
+    for n in snap.nodes.values():
+        if config.group(n.group) is None or n.booting:
+            continue
+        u = gpu_utilization(snap, n.name)
+        if u is not None and u < config.scale_in.utilization_threshold:
+            out[n.name] = previous.get(n.name, snap.now)
+    return out
+
+
+@dataclass
+class Round:
+    """What one scale-in round has decided so far: methods see the drains already chosen."""
+
+    snap: Snapshot
+    config: NodeScalerConfig
+    unneeded: Mapping[str, float]
+    group_left: dict[str, int]  # how many more nodes each group may lose before min_size
+    budget: int  # how many more drains may start
+    taken: set[str] = field(default_factory=set)
+    commands: list[DrainCommand] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # candidate -> why not
+
+    def __post_init__(self) -> None:
+        self.state = self.snap.state.copy()
+        block_rows(self.state, unavailable_rows(self.snap))
+        block_rows(self.state, [self.state.index[n.name] for n in self.snap.nodes.values()
+                                if n.booting and n.name in self.state.index])
+
+    def take(self, cmd: DrainCommand) -> None:
+        self.commands.append(cmd)
+        self.taken.add(cmd.node)
+        self.group_left[cmd.group] -= 1
+        self.budget -= 1
+
+
+def candidates(r: Round) -> list[NodeInfo]:
+    """Nodes that may be drained this round, emptiest first."""
+    snap, cfg = r.snap, r.config.scale_in
+    pending = snap.pending
+    out = []
+    for n in snap.nodes.values():
+        if n.name in r.taken or n.drain is not None or n.name not in r.unneeded:
+            continue
+        group = r.config.group(n.group)
+        if group is None or n.booting or n.unschedulable or n.scale_down_disabled:
+            continue
+        if snap.now - n.created < cfg.delay_after_add_s or snap.now - r.unneeded[n.name] < cfg.unneeded_s:
+            continue
+        if r.group_left.get(n.group, 0) <= 0:
+            r.skipped[n.name] = f"group {n.group} is at min_size {group.min_size}"
+            continue
+        row = snap.state.index[n.name]
+        waiting = next((p for p in pending if feasible(snap.state, p.demand)[row]), None)
+        if waiting is not None:
+            r.skipped[n.name] = f"pending pod {waiting.key} fits on it"
+            continue
+        out.append(n)
+    return sorted(out, key=lambda n: (gpu_utilization(snap, n.name) or 0.0, len(snap.pods_on(n.name)), n.name))
+
+
+class Method(Protocol):
+    name: str
+
+    def compute(self, r: Round) -> None:
+        """Add the drains this method wants to `r` (r.take), within r.budget."""
+
+
+class Emptiness:
+    """Nodes with nothing that must move: removed without evicting anything (in bulk)."""
+
+    name = "Empty"
+
+    def compute(self, r: Round) -> None:
+        for n in candidates(r):
+            if r.budget <= 0:
+                return
+            if not must_move(r.snap.pods_on(n.name)):
+                r.take(DrainCommand(n.name, n.group, self.name, (), "no pods to move"))
+                block_rows(r.state, [r.state.index[n.name]])
+
+
+class Underutilized:
+    """Nodes whose pods may be evicted and fit on the rest of the cluster."""
+
+    name = "Underutilized"
+
+    def compute(self, r: Round) -> None:
+        for n in candidates(r):
+            if r.budget <= 0:
+                return
+            movers = must_move(r.snap.pods_on(n.name))
+            blockers = [b for p in movers if (b := eviction_blocker(p, r.snap.pdbs))]
+            if blockers:
+                r.skipped[n.name] = blockers[0]
+                continue
+            unreadable = [p.key for p in movers if p.demand is None]
+            if unreadable:
+                r.skipped[n.name] = f"pod {unreadable[0]} cannot be read: {r.snap.unreadable.get(unreadable[0], '')}"
+                continue
+            trial = r.state.copy()
+            row = trial.index[n.name]
+            keys = {p.key for p in movers}
+            for demand, devices in list(trial.pods_on[row]):
+                if demand.name in keys:
+                    trial.remove(row, demand, devices)
+            block_rows(trial, [row])
+            placed, left = place_greedy(trial, movers, r.config.scale_out.policy, r.snap.workload)
+            if left:
+                r.skipped[n.name] = f"pod {left[0].key} fits nowhere else"
+                continue
+            util = gpu_utilization(r.snap, n.name) or 0.0
+            r.take(DrainCommand(n.name, n.group, self.name, tuple(p.key for p in movers),
+                                f"GPU utilization {util:.0%} below {r.config.scale_in.utilization_threshold:.0%}; "
+                                f"{len(movers)} pods fit elsewhere"))
+            r.state = trial  # later candidates see these pods moved
+
+
+# Tried in order; the first methods are the cheapest disruptions.
+METHODS: tuple[Method, ...] = (
+    Emptiness(),      # nothing to evict: no disruption at all
+    Underutilized(),  # pods move elsewhere, PDBs enforced by the Eviction API
+)
+
+
+def plan_scale_in(snap: Snapshot, config: NodeScalerConfig, unneeded: Mapping[str, float],
+                  methods: Sequence[Method] = METHODS) -> Round:
+    draining = sum(1 for n in snap.nodes.values() if n.drain is not None)
+    group_left = {}
+    for g in config.groups:
+        live = [n for n in snap.group_nodes(g.name) if n.drain is None]
+        group_left[g.name] = len(live) - g.min_size
+    r = Round(snap, config, unneeded, group_left, budget=config.scale_in.max_concurrent_drains - draining)
+    if not config.scale_in.enabled or r.budget <= 0:
+        return r
+    for m in methods:
+        m.compute(r)
+    return r

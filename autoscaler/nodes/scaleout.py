@@ -1,0 +1,298 @@
+"""Scale-out: what to do for GPU pods the scheduler could not place. A pure function of the snapshot.
+
+In order, each step only sees the pods the previous one left:
+
+1. pods that fit on a schedulable, GPU-ready node now (the scheduler will retry them): nothing to do;
+2. pods that fit on nodes already on their way (booting nodes whose GPUs are not allocatable yet, nodes asked for but
+   not seen yet, nodes whose MIG layout is being changed): wait for them, never scale twice for the same pods;
+3. MIG requests that new layouts of idle MIG-capable nodes serve (`scoring.planner.repartition_mig`): set
+   `nvidia.com/mig.config` on those nodes instead of buying nodes;
+4. the rest: `scoring.planner.cheapest_nodes` over the groups that are not backed off and have room below max_size.
+
+Placement in steps 1-3 is the extender's decision code (`scoring.policies` feasibility, the policy's score and device
+choice), run on a copy of the model.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scoring.gpus import MigLayoutError, get_model, mig_configs_for, model_by_product
+from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand
+from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
+from scoring.policies import feasible, make_policy, select_node
+
+from .config import NodeGroupConfig, NodeScalerConfig
+from .snapshot import NodeInfo, PodInfo, Snapshot
+
+
+@dataclass(frozen=True)
+class Grow:
+    group: str
+    count: int
+    pods: tuple[str, ...]  # the pods it is for
+    cost_per_hour: float
+
+
+@dataclass(frozen=True)
+class SetMigConfig:
+    node: str
+    config: str
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Upcoming:
+    """A node asked for but not yet seen in the API."""
+
+    name: str
+    group: str
+    deadline: float
+
+
+@dataclass
+class ScaleOutPlan:
+    grows: list[Grow] = field(default_factory=list)
+    mig: list[SetMigConfig] = field(default_factory=list)
+    fit_now: list[str] = field(default_factory=list)
+    wait_upcoming: list[str] = field(default_factory=list)
+    unplaceable: dict[str, str] = field(default_factory=dict)  # pod -> why no group can host it
+    planner_status: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def acts(self) -> bool:
+        return bool(self.grows or self.mig)
+
+
+def block_rows(state: ClusterState, rows: Iterable[int]) -> None:
+    """Make nodes take nothing in a what-if copy (cordoned, draining, about to change)."""
+    rows = list(rows)
+    if rows:
+        state.cpu_left[rows] = -1
+        state.gpu_left[rows] = 0
+        state.mig_free[rows] = 0
+
+
+def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str,
+                 workload=None) -> tuple[list[tuple[PodInfo, int]], list[PodInfo]]:
+    """Place pods one at a time, largest first, as the extender would (feasibility, policy score, device choice);
+    changes `state`. Returns (placed with their node row, the pods that fit nowhere)."""
+    if not len(state):
+        return [], list(pods)
+    pol = make_policy(policy, state, workload)
+    rank = np.arange(len(state))
+    placed, left = [], []
+    for pod in sorted(pods, key=lambda p: (-p.demand.total_gpu_milli, -p.demand.cpu_milli, p.key)):
+        d = pod.demand
+        mask = feasible(state, d)
+        node = select_node(np.asarray(pol.score(state, d, mask), dtype=float), mask, rank) if mask.any() else -1
+        if node < 0:
+            left.append(pod)
+            continue
+        state.place(node, d, pol.devices(state, d, node) if d.gpus else ())
+        pol.observe(node)
+        placed.append((pod, node))
+    return placed, left
+
+
+def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
+    """The model of a node whose MIG layout is being changed, as it will be once the MIG manager is done."""
+    model = model_by_product(node.product) if node.product else None
+    if model is None or not node.gpus or node.mig_config is None:
+        return None
+    layout = mig_configs_for(model).get(node.mig_config)
+    if layout is None:
+        return None
+    return NodeSpec(node.name, node.cpu_milli, node.memory_mib, gpus=node.gpus, gpu_model=model.name,
+                    mig_layouts=(layout or None,) * node.gpus if layout else None, node_group=node.group)
+
+
+def upcoming_specs(snap: Snapshot, config: NodeScalerConfig, requested: Iterable[Upcoming]) -> list[NodeSpec]:
+    """Capacity on its way: booting nodes of managed groups (as their template), nodes asked for and not yet seen,
+    and nodes in the middle of a MIG repartition (as their new layout)."""
+    specs = []
+    for n in snap.nodes.values():
+        group = config.group(n.group)
+        if n.drain is not None or n.unschedulable:
+            continue
+        if n.booting and group is not None:
+            specs.append(group.node_spec(n.name))
+        elif n.mig_pending and not n.booting:
+            spec = _mig_target_spec(n)
+            if spec is not None:
+                specs.append(spec)
+    for u in requested:
+        group = config.group(u.group)
+        if u.name not in snap.nodes and group is not None:
+            specs.append(group.node_spec(u.name))
+    return specs
+
+
+def unavailable_rows(snap: Snapshot) -> list[int]:
+    """Rows of the model that take no new pods: cordoned or draining nodes."""
+    return [snap.state.index[n.name] for n in snap.nodes.values()
+            if (n.unschedulable or n.drain is not None) and n.name in snap.state.index]
+
+
+def _idle_mig_nodes(state: ClusterState, rows: Sequence[int]) -> list[int]:
+    """MIG-capable nodes on which no GPU is in use: the MIG manager reconfigures a whole node."""
+    out = []
+    for n in rows:
+        if not state.gpu_count[n] or state.cpu_left[n] < 0:
+            continue
+        if not state.models[state.model_idx[n]].mig_capable:
+            continue
+        if any(p.gpus for p, _ in state.pods_on[n]):
+            continue
+        out.append(int(n))
+    return out
+
+
+def _node_config(state: ClusterState, node: int, layouts: dict[int, dict[str, int]], need: Counter) -> str | None:
+    """The named MIG config (mig-parted's config-default names) to put on the whole node: one equal to a layout the
+    planner chose for one of its GPUs, else the all-<profile> config of the profile most needed."""
+    model = state.models[state.model_idx[node]]
+    configs = mig_configs_for(model)
+    for lay in layouts.values():
+        for name, cfg in configs.items():
+            if cfg == lay:
+                return name
+    for profile, _ in need.most_common():
+        name = f"all-{profile}"
+        if name in configs:
+            return name
+    return None
+
+
+def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[int], policy: str,
+             time_limit: float, workload=None) -> tuple[list[SetMigConfig], list[PodInfo], list[str]]:
+    """Repartition idle MIG nodes for pending MIG pods (changes `state`). Returns (commands, pods still left, notes)."""
+    mig_pods = [p for p in pods if p.demand.mig_profile]
+    if not mig_pods or not candidates:
+        return [], list(pods), []
+    plan = repartition_mig(state, [p.demand for p in mig_pods], nodes=candidates, time_limit=time_limit)
+    notes = [f"MIG repartition plan: {plan.status}"] + plan.notes
+    by_node: dict[int, dict[int, dict[str, int]]] = {}
+    for (n, g), lay in plan.layouts.items():
+        by_node.setdefault(n, {})[g] = lay
+    need = Counter(p.demand.mig_profile for p in mig_pods)
+    commands = []
+    left = list(pods)
+    for n, layouts in sorted(by_node.items()):
+        config = _node_config(state, n, layouts, need)
+        if config is None:
+            notes.append(f"no named MIG config of {state.names[n]} matches the planned layouts {layouts}")
+            continue
+        trial = state.copy()
+        try:
+            for g in range(int(trial.gpu_count[n])):
+                trial.set_mig_layout(n, g, config)
+        except MigLayoutError as err:
+            notes.append(f"{state.names[n]}: {err}")
+            continue
+        only = trial.copy()
+        block_rows(only, [r for r in range(len(only)) if r != n])
+        placed, rest = place_greedy(only, left, policy, workload)
+        if not placed:
+            continue
+        for g in range(int(state.gpu_count[n])):
+            state.set_mig_layout(n, g, config)
+        for pod, row in placed:
+            state.place(row, pod.demand, _mig_device(state, row, pod.demand))
+        commands.append(SetMigConfig(state.names[n], config, tuple(p.key for p, _ in placed)))
+        left = rest
+    return commands, left, notes
+
+
+def _mig_device(state: ClusterState, node: int, pod: PodDemand) -> tuple[int]:
+    col = state.mig_pos[pod.mig_profile]
+    return (int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0]),)
+
+
+def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int) -> int:
+    """How many nodes of a template first-fit needs for the pods that fit it (at most `room`; 0 if none fits): the
+    bound on new nodes per group handed to the planner, which keeps its model small."""
+    if room <= 0:
+        return 0
+    state = ClusterState([NodeSpec(f"{template.name}-{i}", template.cpu_milli, template.memory_mib, template.gpus,
+                                   template.gpu_model, template.gpu_blocks, template.mig_layouts)
+                          for i in range(min(room, len(pods)))])
+    placed, _ = place_greedy(state, pods, "first-fit")
+    return len({row for _, row in placed})
+
+
+def group_room(snap: Snapshot, group: NodeGroupConfig, requested: Iterable[Upcoming]) -> int:
+    seen = len(snap.group_nodes(group.name))
+    unseen = sum(1 for u in requested if u.group == group.name and u.name not in snap.nodes)
+    return max(0, group.max_size - seen - unseen)
+
+
+def plan_scale_out(snap: Snapshot, config: NodeScalerConfig, *, requested: Sequence[Upcoming] = (),
+                   backed_off: Iterable[str] = ()) -> ScaleOutPlan:
+    out = ScaleOutPlan()
+    cfg = config.scale_out
+    pending = [p for p in snap.pending if snap.now - p.created >= cfg.new_pod_delay_s]
+    if not pending:
+        return out
+    # 1. fits on a node that can take it now
+    state = snap.state.copy()
+    block_rows(state, unavailable_rows(snap))
+    booting_rows = [state.index[n.name] for n in snap.nodes.values() if n.name in state.index and n.booting]
+    block_rows(state, booting_rows)
+    placed, left = place_greedy(state, pending, cfg.policy, snap.workload)
+    out.fit_now = [p.key for p, _ in placed]
+    # 2. fits on capacity already on its way
+    upcoming = upcoming_specs(snap, config, requested)
+    if upcoming and left:
+        placed, left = place_greedy(ClusterState(upcoming), left, cfg.policy, snap.workload)
+        out.wait_upcoming = [p.key for p, _ in placed]
+    # 3. MIG repartition of idle nodes
+    if cfg.mig_repartition and left:
+        candidates = _idle_mig_nodes(state, range(len(state)))
+        out.mig, left, notes = plan_mig(state, left, candidates, cfg.policy, cfg.planner_time_limit_s,
+                                       snap.workload)
+        out.notes += notes
+    if not left:
+        return out
+    # 4. new nodes
+    backed_off = set(backed_off)
+    groups = []
+    for g in config.groups:
+        room = group_room(snap, g, requested)
+        if g.name in backed_off:
+            out.notes.append(f"group {g.name} is backed off")
+        elif room <= 0:
+            out.notes.append(f"group {g.name} is at max_size {g.max_size}")
+        else:
+            template = g.node_spec(f"{g.name}-template")
+            bound = nodes_needed(template, left, room)
+            if bound:
+                groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
+    if not groups:
+        out.unplaceable = {p.key: "no node group can grow (" + "; ".join(out.notes) + ")" for p in left}
+        return out
+    plan = cheapest_nodes([p.demand for p in left], groups, time_limit=cfg.planner_time_limit_s)
+    served = list(range(len(left)))
+    while not plan.ok and len(served) > 1:  # max sizes too small for all of them: serve the largest prefix that fits
+        served = served[: len(served) // 2]
+        plan = cheapest_nodes([left[i].demand for i in served], groups, time_limit=cfg.planner_time_limit_s)
+    out.planner_status = plan.status
+    out.notes += plan.notes
+    if not plan.ok:
+        served = []
+    unplaceable = {served[i] for i in plan.unplaceable} if plan.ok else set()
+    for i, pod in enumerate(left):
+        if i not in served or i in unplaceable:
+            why = ("fits no node group's template" if i in unplaceable
+                   else "the node groups' max sizes leave no room for it")
+            out.unplaceable[pod.key] = why
+    placed_pods = [i for i in served if i not in unplaceable]
+    for name, count in sorted(plan.new_nodes.items()):
+        g = config.group(name)
+        pods_for = tuple(left[placed_pods[k]].key for k, (grp, _) in enumerate(plan.assignments) if grp == name)
+        out.grows.append(Grow(name, count, pods_for, g.cost_per_hour if g else 0.0))
+    return out

@@ -1,0 +1,145 @@
+"""`gpuaas nodescaler` as a process: informers on Nodes, Pods and PodDisruptionBudgets feed a live model; a loop runs
+`NodeScaler.run_once` every `interval_s`, and at once (after a 0.2 s batching pause) when a pod turns unschedulable;
+a Lease elector thread decides whether this replica may act; /metrics, /healthz, /readyz on a small aiohttp app.
+
+Everything that touches the informers' stores and the live model runs on the event loop's thread; the snapshot is
+copied there and the reconcile (planning and API writes) runs in a worker thread on the copy.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from extender.view import ClusterView
+from gpuaas.informer import Informer
+from gpuaas.kubeclient import ApiEndpoint, api_client
+from gpuaas.leader import LeaderElector
+
+from .config import NodeScalerConfig
+from .controller import KubeCluster, NodeScaler
+from .metrics import Metrics
+from .provider import KwokProvider
+from .snapshot import build_snapshot, model_object, pod_info
+
+log = logging.getLogger("gpuaas.nodescaler")
+BATCH_S = 0.2
+
+
+class Service:
+    def __init__(self, config: NodeScalerConfig, kubeconfig: str | Path | None = None, *, identity: str | None = None):
+        self.config = config
+        self.kubeconfig = kubeconfig
+        self.api = api_client(kubeconfig)
+        self.metrics = Metrics()
+        le = config.leader_election
+        self.elector = LeaderElector(self.api, namespace=le.namespace, name=le.name, identity=identity,
+                                     lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
+                                     retry_period_s=le.retry_period_s,
+                                     on_change=lambda leader: self.metrics.leader.set(1 if leader else 0)) \
+            if le.enabled else None
+        self.scaler = NodeScaler(config, self._no_snapshot, KubeCluster(self.api), KwokProvider(self.api),
+                                 metrics=self.metrics, may_act=self.is_leader)
+        self.view = ClusterView(config.scale_out.policy)
+        self.trigger = asyncio.Event()
+        self.informers: list[Informer] = []
+        self.reconciles = 0
+
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    @staticmethod
+    def _no_snapshot(now: float):
+        raise RuntimeError("the service passes a snapshot to run_once")
+
+    # -- informers ---------------------------------------------------------------------------------------------------
+    def _on_change(self, kind: str, old, new) -> None:
+        if kind == "Node":
+            self.view.on_change("Node", old and model_object(old), new and model_object(new))
+        elif kind == "Pod":
+            self.view.on_change("Pod", old, new)
+            if new is not None and not (new.get("spec") or {}).get("nodeName"):
+                info = pod_info(new)
+                if info.unschedulable and info.gpu and not (old and pod_info(old).unschedulable):
+                    self.trigger.set()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        nodes, pods, pdbs = self.informers
+        for inf in self.informers:
+            await inf.synced.wait()
+        log.info("informers synced: %d nodes, %d pods, %d PDBs", len(nodes.store), len(pods.store), len(pdbs.store))
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self.trigger.wait(), timeout=self.config.interval_s)
+                await asyncio.sleep(BATCH_S)  # let the rest of a burst arrive
+            except asyncio.TimeoutError:
+                pass
+            self.trigger.clear()
+            if not self.is_leader():
+                continue
+            now = time.time()
+            try:
+                snap = build_snapshot(nodes.store.values(), pods.store.values(), pdbs.store.values(), now,
+                                      view=self.view)
+                report = await asyncio.to_thread(self.scaler.run_once, now, snap)
+            except Exception:
+                log.exception("reconcile failed")
+                continue
+            self.reconciles += 1
+            if report.grows or report.mig or report.drains_started or report.deleted or report.rolled_back \
+                    or report.evicted:
+                log.info("reconcile", extra={k: v for k, v in vars(report).items() if v})
+
+    # -- http --------------------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        async def metrics(_):
+            return web.Response(body=generate_latest(self.metrics.registry),
+                                headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def healthz(_):
+            return web.Response(text="ok")
+
+        async def readyz(_):
+            ok = self.informers and all(i.synced.is_set() for i in self.informers)
+            return web.Response(text="ok" if ok else "informers not synced", status=200 if ok else 503)
+
+        async def leader(_):
+            return web.json_response({"identity": self.elector.identity if self.elector else None,
+                                      "leader": self.is_leader(), "reconciles": self.reconciles})
+
+        app = web.Application()
+        app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz),
+                        web.get("/leader", leader)])
+        return app
+
+    async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
+        endpoint = ApiEndpoint.from_kubeconfig(self.kubeconfig)
+        stop_thread = threading.Event()
+        if self.elector is not None:
+            threading.Thread(target=self.elector.run, args=(stop_thread,), name="leader-election",
+                             daemon=True).start()
+        runner = web.AppRunner(self.app())
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        async with endpoint.session() as session:
+            self.informers = [
+                Informer(endpoint, "/api/v1/nodes", kind="Node", on_change=self._on_change),
+                Informer(endpoint, "/api/v1/pods", kind="Pod", on_change=self._on_change),
+                Informer(endpoint, "/apis/policy/v1/poddisruptionbudgets", kind="PodDisruptionBudget"),
+            ]
+            tasks = [asyncio.create_task(i.run(session)) for i in self.informers]
+            loop_task = asyncio.create_task(self._loop(stop))
+            await stop.wait()
+            loop_task.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(loop_task, *tasks, return_exceptions=True)
+        stop_thread.set()
+        if self.elector is not None:
+            await asyncio.to_thread(self.elector.release)
+        await runner.cleanup()

@@ -1,0 +1,279 @@
+"""What the node autoscaler decides on: Nodes, Pods and PodDisruptionBudgets (plain dicts, as the API returns them)
+read once into frozen records plus the scoring model of the GPU-ready nodes. Pure: no I/O, the time is passed in.
+
+The scoring model is built by the extender's `ClusterView` (the one code path that turns Nodes and bound Pods into a
+`ClusterState`), so the autoscaler's what-if sees the cluster exactly as the extender does.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.view import ClusterView
+from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
+from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, POOL_LABEL, PRODUCT_LABEL, ObjectError,
+                                 parse_quantity, pod_demand, pod_key, requests_gpu)
+from scoring.model import ClusterState, PodDemand
+
+Obj = dict[str, Any]
+
+DRAIN_ANNOTATION = "gpuaas.io/drain"  # JSON DrainRecord: a drain in progress, so a restarted controller resumes it
+DRAIN_TAINT = "gpuaas.io/draining"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class DrainRecord:
+    """What the node annotation `gpuaas.io/drain` holds while a drain is under way."""
+
+    id: str
+    reason: str
+    started: float
+    deadline: float
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "reason": self.reason, "started": self.started, "deadline": self.deadline},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> "DrainRecord":
+        try:
+            d = json.loads(raw)
+            return cls(str(d["id"]), str(d["reason"]), float(d["started"]), float(d["deadline"]))
+        except (ValueError, KeyError, TypeError) as err:
+            # An unreadable record is still a drain: roll it back at once (deadline 0).
+            return cls("unreadable", f"unreadable {DRAIN_ANNOTATION}: {err}", 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    group: str
+    created: float
+    ready: bool
+    gpus: int  # nvidia.com/gpu.count
+    gpu_ready: bool  # the device plugin advertises the GPUs (a GPU node without them is still booting)
+    unschedulable: bool
+    drain: DrainRecord | None
+    scale_down_disabled: bool
+    mig_config: str | None
+    mig_state: str | None
+    product: str = ""  # nvidia.com/gpu.product
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def booting(self) -> bool:
+        return not self.ready or not self.gpu_ready
+
+    @property
+    def mig_pending(self) -> bool:
+        return self.mig_state == "pending"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str
+    demand: PodDemand | None  # None when the pod cannot be read (the error is in `problem`)
+    unschedulable: bool  # PodScheduled False, reason Unschedulable
+    unschedulable_since: float | None
+    created: float
+    terminating: bool
+    owner_kind: str
+    safe_to_evict: bool | None  # the annotation, None when absent
+    do_not_disrupt: bool
+    grace_s: int
+    labels: Mapping[str, str]
+    gpu: bool
+    problem: str = ""
+
+    @property
+    def daemon(self) -> bool:
+        """Runs wherever its node is (DaemonSet or static pod): never moved, never blocks removal."""
+        return self.owner_kind in ("DaemonSet", "Node")
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.node) and self.phase not in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PdbInfo:
+    key: str
+    namespace: str
+    match_labels: Mapping[str, str]
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...]
+    disruptions_allowed: int
+
+    def selects(self, pod: PodInfo) -> bool:
+        if pod.namespace != self.namespace:
+            return False
+        if any(pod.labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for key, op, values in self.match_expressions:
+            have = pod.labels.get(key)
+            if op == "In" and have not in values or op == "NotIn" and have in values:
+                return False
+            if op == "Exists" and key not in pod.labels or op == "DoesNotExist" and key in pod.labels:
+                return False
+        return True
+
+
+@dataclass
+class Snapshot:
+    now: float
+    nodes: dict[str, NodeInfo]
+    pods: list[PodInfo]
+    pdbs: list[PdbInfo]
+    state: ClusterState  # GPU-ready nodes and everything bound to them; decisions copy it before changing it
+    unreadable: dict[str, str] = field(default_factory=dict)  # object key -> why it could not be read
+    workload: Any = None  # the pod shapes the policy weighs (scoring.fragmentation.Workload), as the extender learns it
+
+    def pods_on(self, node: str) -> list[PodInfo]:
+        return [p for p in self.pods if p.node == node and p.holds]
+
+    @property
+    def pending(self) -> list[PodInfo]:
+        return [p for p in self.pods if p.unschedulable and p.gpu and p.demand is not None and not p.terminating]
+
+    def group_nodes(self, group: str) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if n.group == group]
+
+
+def _allocatable_gpus(node: Obj) -> int:
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    total = 0
+    for k, v in alloc.items():
+        if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX):
+            try:
+                total += int(str(v))
+            except ValueError:
+                pass
+    return total
+
+
+def node_info(node: Obj) -> NodeInfo:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    ann = meta.get("annotations") or {}
+    spec = node.get("spec") or {}
+    conds = {c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or ()}
+    try:
+        gpus = int(labels.get(COUNT_LABEL, "0"))
+    except ValueError:
+        gpus = 0
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = int(parse_quantity(alloc.get("cpu", 0)) * 1000)
+        mem = int(parse_quantity(alloc.get("memory", 0)) / 2**20)
+    except ObjectError:
+        cpu = mem = 0
+    drain = DrainRecord.from_json(ann[DRAIN_ANNOTATION]) if DRAIN_ANNOTATION in ann else None
+    return NodeInfo(
+        name=meta["name"], group=labels.get(POOL_LABEL, ""), created=parse_time(meta.get("creationTimestamp")) or 0.0,
+        ready=conds.get("Ready") == "True", gpus=gpus, gpu_ready=gpus == 0 or _allocatable_gpus(node) > 0,
+        unschedulable=bool(spec.get("unschedulable")), drain=drain,
+        scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
+        mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
+        product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels))
+
+
+def pod_info(pod: Obj) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    ann = meta.get("annotations") or {}
+    unsched, since = False, None
+    for c in status.get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            unsched, since = True, parse_time(c.get("lastTransitionTime"))
+    owners = meta.get("ownerReferences") or ()
+    owner = next((o.get("kind", "") for o in owners if o.get("controller")), owners[0].get("kind", "") if owners else "")
+    if MIRROR_ANNOTATION in ann:
+        owner = "Node"
+    demand, problem, gpu = None, "", False
+    try:
+        demand = pod_demand(pod)
+        gpu = requests_gpu(pod)
+    except (ObjectError, UnknownGpuModelError, ValueError) as err:
+        problem = str(err)
+    safe = ann.get(SAFE_TO_EVICT)
+    return PodInfo(
+        key=pod_key(pod), namespace=meta.get("namespace", "default"), name=meta.get("name", "?"),
+        uid=meta.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "Pending",
+        demand=demand, unschedulable=unsched and not spec.get("nodeName"), unschedulable_since=since,
+        created=parse_time(meta.get("creationTimestamp")) or 0.0, terminating=bool(meta.get("deletionTimestamp")),
+        owner_kind=owner, safe_to_evict=None if safe is None else safe == "true",
+        do_not_disrupt=ann.get(DO_NOT_DISRUPT) == "true", grace_s=int(spec.get("terminationGracePeriodSeconds", 30)),
+        labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem)
+
+
+def pdb_info(pdb: Obj) -> PdbInfo:
+    meta = pdb.get("metadata") or {}
+    sel = (pdb.get("spec") or {}).get("selector") or {}
+    exprs = tuple((e["key"], e["operator"], tuple(e.get("values") or ())) for e in sel.get("matchExpressions") or ())
+    return PdbInfo(key=f"{meta.get('namespace')}/{meta.get('name')}", namespace=meta.get("namespace", ""),
+                   match_labels=dict(sel.get("matchLabels") or {}), match_expressions=exprs,
+                   disruptions_allowed=int((pdb.get("status") or {}).get("disruptionsAllowed", 0)))
+
+
+def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], pdbs: Iterable[Obj], now: float,
+                   policy: str = "gpuaas", view: ClusterView | None = None) -> Snapshot:
+    """Records for every object, and the scoring model of the nodes that can take pods now (Ready, GPUs advertised,
+    no MIG repartition under way) with the pods bound to them.
+
+    `view`: a live ClusterView already fed with these objects through `model_objects` (the controller keeps one fed by
+    its informers, so a reconcile does not rebuild the model of a thousand nodes); None builds one here."""
+    nodes, pods = list(nodes), list(pods)
+    infos = {n["metadata"]["name"]: node_info(n) for n in nodes}
+    pod_infos = [pod_info(p) for p in pods]
+    if view is None:
+        view = ClusterView(policy)
+        for n in nodes:
+            view.on_change("Node", None, model_object(n))
+        for p in pods:
+            view.on_change("Pod", None, p)
+    state, _ = view.snapshot()
+    unreadable = dict(view.bad_nodes)
+    unreadable.update({p.key: p.problem for p in pod_infos if p.problem})
+    return Snapshot(now=now, nodes=infos, pods=pod_infos, pdbs=[pdb_info(x) for x in pdbs], state=state.copy(),
+                    unreadable=unreadable, workload=view.workload())
+
+
+def model_object(node: Obj) -> Obj:
+    """The Node as the scoring model should see it: a node that cannot take GPU pods yet (booting, or its MIG layout
+    being changed) with its GPU resources taken out, so that neither the autoscaler nor the extender counts GPUs that
+    are not there. (scoring.kubeobjects reads `nvidia.com/gpu.count` as the number of GPUs even while the device plugin
+    advertises none.)"""
+    info = node_info(node)
+    if not (info.booting or info.mig_pending) or not info.gpus:
+        return node
+    out = dict(node)
+    meta = dict(node["metadata"])
+    meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith("nvidia.com/")}
+    out["metadata"] = meta
+    status = dict(node.get("status") or {})
+    status["allocatable"] = {k: v for k, v in (status.get("allocatable") or {}).items()
+                             if k != GPU_RESOURCE and not k.startswith(MIG_RESOURCE_PREFIX)}
+    out["status"] = status
+    return out
