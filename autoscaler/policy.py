@@ -1,8 +1,9 @@
 """Replica recommenders: pure functions of (snapshot, previous state) -> (decision, new state).
 
 - `QueueDepthPolicy` (ours, "ours"): sizes replicas from the arrival rate and the measured service time with
-  square-root staffing, adds capacity to drain what is already queued, looks one cold start ahead, holds capacity only
-  as long as a replacement would take to start, and never scales down on missing data.
+  square-root staffing, adds capacity to drain what is already queued, looks one cold start ahead along the rate's
+  trend, comes down step by step as the memory of its recent recommendations fades (15 cold starts by default), and
+  never scales down on missing data.
 - `HpaPolicy` ("hpa"): a stock autoscaling/v2 HPA on a Pods metric (queue depth per pod, AverageValue target) with the
   controller's defaults.
 - `KedaPolicy` ("keda"): a KEDA ScaledObject with a Prometheus trigger on the total queue depth (AverageValue), with
