@@ -15,6 +15,8 @@ import json
 import random
 import tempfile
 import time
+import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,6 +35,10 @@ from scoring.model import ClusterState
 from scoring.simulation import inflate, simulate
 
 NAMESPACE = "replay"
+
+
+def kind(pod) -> str:
+    return "cpu-only" if not pod.gpus else "gpu-share" if pod.is_share else f"{pod.gpus}-gpu"
 
 
 def settled(core: client.CoreV1Api) -> tuple[int, int, list[dict]]:
@@ -54,24 +60,33 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--policy", default="gpuaas")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--gpu-only", action="store_true", help="leave CPU-only pods out of the replay")
+    parser.add_argument("--all-pods", action="store_true",
+                        help="send CPU-only pods to the extender too (extender_entry(all_pods=True))")
+    parser.add_argument("--workdir", type=Path, help="keep the cluster's logs here (default: a temporary folder)")
     args = parser.parse_args()
 
     all_nodes = load_nodes(args.nodes)
     nodes = random.Random(args.seed).sample(all_nodes, args.slice)
     spec = pools_from_node_specs(nodes)
     trace = load_pods(args.pods)
+    if args.gpu_only:
+        trace = [p for p in trace if p.gpus]
     capacity = ClusterState(nodes).total_gpu_milli
     pods = inflate(trace, capacity, args.tune, np.random.default_rng(args.seed))
 
-    sim = simulate(nodes, trace, args.policy, args.seed, tune=args.tune)
+    placed_in_sim: Counter = Counter()
+    sim = simulate(nodes, trace, args.policy, args.seed, tune=args.tune,
+                   on_place=lambda state, node, pod, gpus: placed_in_sim.update([kind(pod)]))
     assert sim.pods == len(pods), "the replay must see the simulator's pod list"
     sim_ratio = 100.0 * sim.used_milli[-1] / sim.total_gpu_milli
 
     with tempfile.TemporaryDirectory(prefix="gpuaas-replay-") as tmp:
-        workdir = Path(tmp)
+        workdir = args.workdir or Path(tmp)
         port = free_port()
-        cluster = LocalCluster(workdir, name="replay", extenders=[extender_entry(f"http://127.0.0.1:{port}")],
-                               scheduler_profiles=[gpuaas_profile("default-scheduler")])
+        cluster = LocalCluster(workdir, name="replay",
+                               extenders=[extender_entry(f"http://127.0.0.1:{port}", all_pods=args.all_pods)],
+                               scheduler_profiles=[gpuaas_profile("default-scheduler", all_pods=args.all_pods)])
         ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port)
         try:
             cluster.up(spec, timeout=300)
@@ -94,19 +109,29 @@ def main() -> None:
                     raise SystemExit(f"not settled after {args.timeout}s: {bound} bound, {stuck} unschedulable")
                 time.sleep(1)
             elapsed = time.monotonic() - t0
+            with urllib.request.urlopen(f"{ext.url}/metrics", timeout=5) as resp:
+                decisions = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+                             for line in resp.read().decode().splitlines()
+                             if line.startswith("gpuaas_extender_decisions_total{")}
         finally:
             ext.stop()
             cluster.down()
 
     used = sum(pod_demand(p).total_gpu_milli for p in objs if p["spec"].get("nodeName"))
+    arrived = Counter(kind(p) for p in pods)
+    placed_in_k8s = Counter(kind(pod_demand(p)) for p in objs if p["spec"].get("nodeName"))
     k8s_ratio = 100.0 * used / capacity
     print(json.dumps({
-        "bench": "extender_replay", "policy": args.policy, "seed": args.seed, "slice_nodes": args.slice,
+        "bench": "extender_replay", "policy": args.policy, "cpu_only_pods_sent_to_extender": args.all_pods,
+        "gpu_only": args.gpu_only, "seed": args.seed, "slice_nodes": args.slice,
         "slice_gpus": capacity // 1000, "pods": len(pods), "tune": args.tune,
         "simulator": {"allocation_ratio": round(sim_ratio, 2), "failed_pods": sim.failed},
         "kubernetes": {"allocation_ratio": round(k8s_ratio, 2), "unschedulable_pods": stuck,
                        "bound_pods": bound, "seconds": round(elapsed, 1)},
         "difference_points": round(k8s_ratio - sim_ratio, 2), "target_abs_difference": 1.0,
+        "extender_decisions": decisions,
+        "failed_by_kind": {k: {"simulator": arrived[k] - placed_in_sim[k], "kubernetes": arrived[k] - placed_in_k8s[k],
+                               "arrived": arrived[k]} for k in sorted(arrived)},
     }, indent=2))
 
 

@@ -25,19 +25,29 @@ def managed_resources() -> list[dict[str, Any]]:
 DEFAULT_WEIGHT = 5
 
 
-def gpuaas_profile(scheduler_name: str = "gpuaas") -> dict[str, Any]:
+def gpuaas_profile(scheduler_name: str = "gpuaas", *, all_pods: bool = False) -> dict[str, Any]:
     """A scheduler profile for GPU pods: the in-tree resource scorers spread pods over the least-allocated nodes,
-    which works against fragmentation-aware packing, so they are off; every filter stays on."""
-    return {"schedulerName": scheduler_name,
-            "plugins": {"score": {"disabled": [{"name": "NodeResourcesFit"},
-                                               {"name": "NodeResourcesBalancedAllocation"}]}}}
+    which works against fragmentation-aware packing, so they are off; every filter stays on. Above 100 nodes
+    kube-scheduler stops filtering once it has found a sample of feasible nodes (50% minus 1% per 125 nodes) and
+    only that sample reaches the extender: packing needs to see every node, so the sample is 100%.
+    `all_pods`: see extender_entry; the GPU share resource, which no node advertises, must then be ignored here."""
+    profile: dict[str, Any] = {
+        "schedulerName": scheduler_name, "percentageOfNodesToScore": 100,
+        "plugins": {"score": {"disabled": [{"name": "NodeResourcesFit"}, {"name": "NodeResourcesBalancedAllocation"}]}},
+    }
+    if all_pods:
+        profile["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {"ignoredResources": [SHARE_RESOURCE]}}]
+    return profile
 
 
 def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_WEIGHT, timeout: str = "5s",
-                   ca_file: str | None = None, ignorable: bool = False) -> dict[str, Any]:
+                   ca_file: str | None = None, ignorable: bool = False, all_pods: bool = False) -> dict[str, Any]:
     """`bind`: gpuaas binds GPU pods itself, recording the devices it chose (needed for GPU shares and for exact
     device accounting under bursts). `ignorable: False`: while gpuaas is down, GPU pods wait rather than being placed
-    blind; other pods are unaffected."""
+    blind; other pods are unaffected.
+    `all_pods`: send every pod, not only GPU pods. Where CPU-only pods share nodes with GPU pods, kube-scheduler
+    alone puts them anywhere, and the CPU they take can strand the GPUs beside it; gpuaas places them where that
+    costs least. Every pod then pays the extender's round trips; pair it with gpuaas_profile(all_pods=True)."""
     entry: dict[str, Any] = {
         "urlPrefix": url_prefix,
         "filterVerb": "filter",
@@ -45,9 +55,10 @@ def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_
         "weight": weight,
         "nodeCacheCapable": True,
         "httpTimeout": timeout,
-        "managedResources": managed_resources(),
         "ignorable": ignorable,
     }
+    if not all_pods:
+        entry["managedResources"] = managed_resources()
     if bind:
         entry["bindVerb"] = "bind"
     if url_prefix.startswith("https://"):

@@ -69,7 +69,7 @@ class ExtenderService:
         demand = self._demand(args.Pod)
         state, policy = self.view.snapshot()
         scored, pick = verdicts.prioritize(state, policy, demand, args.node_names())
-        if pick is not None and demand.gpus:
+        if pick is not None:
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
@@ -85,6 +85,9 @@ class ExtenderService:
         if pod["metadata"].get("uid") and pod["metadata"]["uid"] != args.PodUID:
             raise BadRequest(f"pod {key} has uid {pod['metadata']['uid']}, not {args.PodUID}", status=409)
         demand = self._demand(pod)
+        held = self.view.placements.get(key) if key in self.view.assumed else None
+        if held is not None and held.node != args.Node:
+            self.metrics.decisions.labels("bind", "not-our-pick").inc()  # kube-scheduler overruled the ranking
         self.view.forget(key)  # the GPUs prioritize held for this pod, possibly on another node
         state, policy = self.view.snapshot()
         node = state.index.get(args.Node)
@@ -100,7 +103,7 @@ class ExtenderService:
         started = time.perf_counter()
         try:
             await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node,
-                                   {DEVICES_ANNOTATION: format_devices(devices)})
+                                   {DEVICES_ANNOTATION: format_devices(devices)} if devices else {})
         except (BindError, OSError) as err:
             self.view.forget(key)
             self.metrics.decisions.labels("bind", "error").inc()
