@@ -14,6 +14,7 @@ VERB_MODULES = (
     "gpuaas.cluster.cli",
     "extender.cli",
     "autoscaler.cli",  # before simulate.cli: it adds `simulate autoscaling`
+    "autoscaler.nodes.cli",
     "gpuaas.simulate.cli",
 )
 
