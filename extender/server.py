@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -83,7 +84,7 @@ async def _read_json(request: web.Request) -> Any:
 
 
 def _json(model: BaseModel) -> web.Response:
-    return web.Response(text=model.model_dump_json(), content_type="application/json")
+    return web.Response(body=orjson.dumps(model.model_dump()), content_type="application/json")
 
 
 async def filter_verb(request: web.Request) -> web.Response:
@@ -94,7 +95,7 @@ async def filter_verb(request: web.Request) -> web.Response:
 async def prioritize_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
     scored = request.app[SERVICE].prioritize(args)
-    return web.Response(text=json.dumps([{"Host": h, "Score": s} for h, s in scored]),
+    return web.Response(body=orjson.dumps([{"Host": h, "Score": s} for h, s in scored]),
                         content_type="application/json")
 
 

@@ -34,6 +34,7 @@ class ExtenderService:
         self.binder = binder
         self.metrics = metrics
         self.pod_lookup = pod_lookup
+        self._last_filter: tuple = (None, None, None, None)
 
     def _demand(self, pod: dict[str, Any]):
         try:
@@ -50,6 +51,8 @@ class ExtenderService:
                                                                for m in verdict.failed.values()):
             sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
             raise BadRequest(f"none of the {len(names)} node names is known to gpuaas ({sample})", status=422)
+        # kube-scheduler's prioritize for this pod follows with exactly the feasible names: keep their rows.
+        self._last_filter = (args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows, state.version)
         self.metrics.decisions.labels("filter", "feasible").inc(len(verdict.feasible))
         self.metrics.decisions.labels("filter", "failed").inc(len(verdict.failed))
         self.metrics.decisions.labels("filter", "unresolvable").inc(len(verdict.unresolvable))
@@ -68,7 +71,11 @@ class ExtenderService:
         """(host, score) pairs: the wire's HostPriorityList, left unwrapped because it can hold thousands."""
         demand = self._demand(args.Pod)
         state, policy = self.view.snapshot()
-        scored, pick = verdicts.prioritize(state, policy, demand, args.node_names())
+        names = args.node_names()
+        uid, feasible_names, rows, version = self._last_filter
+        if not (uid == args.Pod["metadata"].get("uid") and version == state.version and names == feasible_names):
+            rows = None
+        scored, pick = verdicts.prioritize(state, policy, demand, names, rows)
         if pick is not None:
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.

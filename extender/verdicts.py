@@ -20,11 +20,12 @@ class FilterVerdict:
     feasible: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # might fit once capacity frees up (or by preemption)
     unresolvable: dict[str, str] = field(default_factory=dict)  # never fits this pod as the node is built
+    feasible_rows: np.ndarray | None = None  # model rows of `feasible`, for a prioritize that follows
 
 
 def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
     """Model row per name, -1 for names the model does not know."""
-    return np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+    return np.array(list(map(state.index.get, names, repeat(-1))), dtype=np.int64)
 
 
 def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tuple[np.ndarray, list[str], int]:
@@ -84,6 +85,7 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     code[known] = code_known
     ok = code == 0
     verdict.feasible = list(compress(names, ok.tolist()))
+    verdict.feasible_rows = rows[ok]
     for i in np.flatnonzero(~ok).tolist():
         name, c = names[i], int(code[i])
         if c < 0:
@@ -98,13 +100,15 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     return verdict
 
 
-def prioritize(state: ClusterState, policy: Policy, pod: PodDemand,
-               names: list[str]) -> tuple[list[tuple[str, int]], str | None]:
+def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[str],
+               rows: np.ndarray | None = None) -> tuple[list[tuple[str, int]], str | None]:
     """0..10 per candidate (candidates that do not fit, or are unknown, get 0), and the node gpuaas would pick.
 
     Nodes tied at the top are ranked: the pick keeps 10 and the others get 9. kube-scheduler breaks ties at random;
-    this way it lands where gpuaas expects, which keeps back-to-back decisions consistent (see ClusterView.assume)."""
-    rows = node_indices(state, names)
+    this way it lands where gpuaas expects, which keeps back-to-back decisions consistent (see ClusterView.assume).
+    `rows`: the names' model rows when the caller has them already (filter just mapped the same names)."""
+    if rows is None:
+        rows = node_indices(state, names)
     known = rows >= 0
     mask = np.zeros(len(state), dtype=bool)
     mask[rows[known]] = True
