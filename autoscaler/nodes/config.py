@@ -63,15 +63,33 @@ class NodeGroupConfig(_Strict):
         """The template as a one-node pool (the renderer of gpuaas/cluster/pools.py takes pools)."""
         return Pool.model_validate({**self.template, "name": self.name, "count": 1})
 
+    def template_node(self) -> dict[str, Any]:
+        """The Node object the template renders (gpuaas/cluster/pools.node_objects), computed once."""
+        import copy
+
+        from gpuaas.cluster.pools import node_objects
+
+        if "_node" not in self.__dict__:
+            object.__setattr__(self, "_node", node_objects(self.pool)[0])  # frozen model: cache by hand
+        return copy.deepcopy(self.__dict__["_node"])
+
     def node_spec(self, name: str) -> NodeSpec:
         """The model of one node of this group, read back from the Node object the template renders, so the model of
         an upcoming node is exactly what scoring.kubeobjects will read once the node is there."""
-        from gpuaas.cluster.pools import node_objects
+        import dataclasses
+
         from scoring.kubeobjects import node_spec
 
-        obj = node_objects(self.pool)[0]
-        obj["metadata"]["name"] = name
-        return node_spec(obj)
+        if "_spec" not in self.__dict__:
+            object.__setattr__(self, "_spec", node_spec(self.template_node()))
+        return dataclasses.replace(self.__dict__["_spec"], name=name)
+
+    def template_constraints(self) -> tuple[dict[str, str], tuple]:
+        """(labels, taints) of a node of this group, for the pods' nodeSelector, affinity and tolerations."""
+        from .constraints import node_taints
+
+        node = self.template_node()
+        return node["metadata"]["labels"], node_taints(node)
 
 
 class ScaleOutConfig(_Strict):

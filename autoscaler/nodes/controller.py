@@ -128,10 +128,7 @@ class KubeCluster:
 
         try:
             # A JSON merge patch: null removes an annotation, a list replaces the taints (guarded by resourceVersion).
-            self.api.call_api(f"/api/v1/nodes/{name}", "PATCH", body=patch,
-                              header_params={"Content-Type": "application/merge-patch+json", "Accept":
-                                             "application/json"},
-                              auth_settings=["BearerToken"], _preload_content=False)
+            self.core.patch_node(name, patch, _content_type="application/merge-patch+json", _preload_content=False)
             return True
         except ApiException as err:
             if err.status in (404, 409):

@@ -20,7 +20,7 @@ from scoring.model import MILLI
 from scoring.policies import feasible
 
 from .config import NodeScalerConfig
-from .scaleout import block_rows, place_greedy, unavailable_rows
+from .scaleout import block_rows, place_greedy, snapshot_rows, unavailable_rows
 from .snapshot import NodeInfo, PdbInfo, PodInfo, Snapshot
 
 
@@ -93,6 +93,7 @@ class Round:
         block_rows(self.state, unavailable_rows(self.snap))
         block_rows(self.state, [self.state.index[n.name] for n in self.snap.nodes.values()
                                 if n.booting and n.name in self.state.index])
+        self.rows = snapshot_rows(self.snap, self.state)
 
     def take(self, cmd: DrainCommand) -> None:
         self.commands.append(cmd)
@@ -142,6 +143,8 @@ class Emptiness:
         for n in candidates(r):
             if r.budget <= 0:
                 return
+            if r.group_left[n.group] <= 0:
+                continue
             if not must_move(r.snap.pods_on(n.name)):
                 r.take(DrainCommand(n.name, n.group, self.name, (), "no pods to move"))
                 block_rows(r.state, [r.state.index[n.name]])
@@ -156,6 +159,8 @@ class Underutilized:
         for n in candidates(r):
             if r.budget <= 0:
                 return
+            if r.group_left[n.group] <= 0:
+                continue
             movers = must_move(r.snap.pods_on(n.name))
             blockers = [b for p in movers if (b := eviction_blocker(p, r.snap.pdbs))]
             if blockers:
@@ -172,7 +177,7 @@ class Underutilized:
                 if demand.name in keys:
                     trial.remove(row, demand, devices)
             block_rows(trial, [row])
-            placed, left = place_greedy(trial, movers, r.config.scale_out.policy, r.snap.workload)
+            placed, left = place_greedy(trial, movers, r.config.scale_out.policy, r.snap.workload, r.rows)
             if left:
                 r.skipped[n.name] = f"pod {left[0].key} fits nowhere else"
                 continue

@@ -15,7 +15,7 @@ choice), run on a copy of the model.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,7 @@ from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
 from scoring.policies import feasible, make_policy, select_node
 
 from .config import NodeGroupConfig, NodeScalerConfig
+from .constraints import Placement, allows
 from .snapshot import NodeInfo, PodInfo, Snapshot
 
 
@@ -62,6 +63,7 @@ class ScaleOutPlan:
     unplaceable: dict[str, str] = field(default_factory=dict)  # pod -> why no group can host it
     planner_status: str = ""
     notes: list[str] = field(default_factory=list)
+    time_limit: float = 0.5
 
     @property
     def acts(self) -> bool:
@@ -77,18 +79,32 @@ def block_rows(state: ClusterState, rows: Iterable[int]) -> None:
         state.mig_free[rows] = 0
 
 
-def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str,
-                 workload=None) -> tuple[list[tuple[PodInfo, int]], list[PodInfo]]:
-    """Place pods one at a time, largest first, as the extender would (feasibility, policy score, device choice);
-    changes `state`. Returns (placed with their node row, the pods that fit nowhere)."""
+Rows = Sequence[tuple[Mapping[str, str], tuple]]  # (labels, taints) per model row
+
+
+def snapshot_rows(snap: Snapshot, state: ClusterState) -> list[tuple[Mapping[str, str], tuple]]:
+    return [(snap.nodes[n].labels, snap.nodes[n].taints) if n in snap.nodes else ({}, ()) for n in state.names]
+
+
+def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, workload=None,
+                 rows: Rows | None = None) -> tuple[list[tuple[PodInfo, int]], list[PodInfo]]:
+    """Place pods one at a time, largest first, as the extender would (feasibility, policy score, device choice),
+    on the nodes whose labels and taints (`rows`, per model row) the pod accepts; changes `state`. Returns (placed
+    with their node row, the pods that fit nowhere)."""
     if not len(state):
         return [], list(pods)
     pol = make_policy(policy, state, workload)
     rank = np.arange(len(state))
     placed, left = [], []
+    allowed: dict[Placement, np.ndarray] = {}
     for pod in sorted(pods, key=lambda p: (-p.demand.total_gpu_milli, -p.demand.cpu_milli, p.key)):
         d = pod.demand
         mask = feasible(state, d)
+        if rows is not None:
+            if pod.placement not in allowed:
+                allowed[pod.placement] = np.fromiter((allows(pod.placement, lab, tnt) for lab, tnt in rows),
+                                                     dtype=bool, count=len(rows))
+            mask &= allowed[pod.placement]
         node = select_node(np.asarray(pol.score(state, d, mask), dtype=float), mask, rank) if mask.any() else -1
         if node < 0:
             left.append(pod)
@@ -111,25 +127,29 @@ def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
                     mig_layouts=(layout or None,) * node.gpus if layout else None, node_group=node.group)
 
 
-def upcoming_specs(snap: Snapshot, config: NodeScalerConfig, requested: Iterable[Upcoming]) -> list[NodeSpec]:
-    """Capacity on its way: booting nodes of managed groups (as their template), nodes asked for and not yet seen,
-    and nodes in the middle of a MIG repartition (as their new layout)."""
-    specs = []
+def upcoming_specs(snap: Snapshot, config: NodeScalerConfig,
+                   requested: Iterable[Upcoming]) -> tuple[list[NodeSpec], list[tuple[Mapping[str, str], tuple]]]:
+    """Capacity on its way, with each node's (labels, taints): booting nodes of managed groups (as their template),
+    nodes asked for and not yet seen, and nodes in the middle of a MIG repartition (as their new layout)."""
+    specs, rows = [], []
     for n in snap.nodes.values():
         group = config.group(n.group)
         if n.drain is not None or n.unschedulable:
             continue
         if n.booting and group is not None:
             specs.append(group.node_spec(n.name))
+            rows.append((n.labels, n.taints))
         elif n.mig_pending and not n.booting:
             spec = _mig_target_spec(n)
             if spec is not None:
                 specs.append(spec)
+                rows.append((n.labels, n.taints))
     for u in requested:
         group = config.group(u.group)
         if u.name not in snap.nodes and group is not None:
             specs.append(group.node_spec(u.name))
-    return specs
+            rows.append(group.template_constraints())
+    return specs, rows
 
 
 def unavailable_rows(snap: Snapshot) -> list[int]:
@@ -169,7 +189,7 @@ def _node_config(state: ClusterState, node: int, layouts: dict[int, dict[str, in
 
 
 def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[int], policy: str,
-             time_limit: float, workload=None) -> tuple[list[SetMigConfig], list[PodInfo], list[str]]:
+             time_limit: float, workload=None, rows: Rows | None = None) -> tuple[list[SetMigConfig], list[PodInfo], list[str]]:
     """Repartition idle MIG nodes for pending MIG pods (changes `state`). Returns (commands, pods still left, notes)."""
     mig_pods = [p for p in pods if p.demand.mig_profile]
     if not mig_pods or not candidates:
@@ -196,7 +216,7 @@ def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[
             continue
         only = trial.copy()
         block_rows(only, [r for r in range(len(only)) if r != n])
-        placed, rest = place_greedy(only, left, policy, workload)
+        placed, rest = place_greedy(only, left, policy, workload, rows)
         if not placed:
             continue
         for g in range(int(state.gpu_count[n])):
@@ -213,7 +233,8 @@ def _mig_device(state: ClusterState, node: int, pod: PodDemand) -> tuple[int]:
     return (int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0]),)
 
 
-def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int) -> int:
+def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int,
+                 constraints: tuple[Mapping[str, str], tuple] = ({}, ())) -> int:
     """How many nodes of a template first-fit needs for the pods that fit it (at most `room`; 0 if none fits): the
     bound on new nodes per group handed to the planner, which keeps its model small."""
     if room <= 0:
@@ -221,7 +242,7 @@ def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int) -> int:
     state = ClusterState([NodeSpec(f"{template.name}-{i}", template.cpu_milli, template.memory_mib, template.gpus,
                                    template.gpu_model, template.gpu_blocks, template.mig_layouts)
                           for i in range(min(room, len(pods)))])
-    placed, _ = place_greedy(state, pods, "first-fit")
+    placed, _ = place_greedy(state, pods, "first-fit", rows=[constraints] * len(state))
     return len({row for _, row in placed})
 
 
@@ -233,7 +254,7 @@ def group_room(snap: Snapshot, group: NodeGroupConfig, requested: Iterable[Upcom
 
 def plan_scale_out(snap: Snapshot, config: NodeScalerConfig, *, requested: Sequence[Upcoming] = (),
                    backed_off: Iterable[str] = ()) -> ScaleOutPlan:
-    out = ScaleOutPlan()
+    out = ScaleOutPlan(time_limit=config.scale_out.planner_time_limit_s)
     cfg = config.scale_out
     pending = [p for p in snap.pending if snap.now - p.created >= cfg.new_pod_delay_s]
     if not pending:
@@ -243,43 +264,67 @@ def plan_scale_out(snap: Snapshot, config: NodeScalerConfig, *, requested: Seque
     block_rows(state, unavailable_rows(snap))
     booting_rows = [state.index[n.name] for n in snap.nodes.values() if n.name in state.index and n.booting]
     block_rows(state, booting_rows)
-    placed, left = place_greedy(state, pending, cfg.policy, snap.workload)
+    rows = snapshot_rows(snap, state)
+    placed, left = place_greedy(state, pending, cfg.policy, snap.workload, rows)
     out.fit_now = [p.key for p, _ in placed]
     # 2. fits on capacity already on its way
-    upcoming = upcoming_specs(snap, config, requested)
+    upcoming, up_rows = upcoming_specs(snap, config, requested)
     if upcoming and left:
-        placed, left = place_greedy(ClusterState(upcoming), left, cfg.policy, snap.workload)
+        placed, left = place_greedy(ClusterState(upcoming), left, cfg.policy, snap.workload, up_rows)
         out.wait_upcoming = [p.key for p, _ in placed]
     # 3. MIG repartition of idle nodes
     if cfg.mig_repartition and left:
         candidates = _idle_mig_nodes(state, range(len(state)))
         out.mig, left, notes = plan_mig(state, left, candidates, cfg.policy, cfg.planner_time_limit_s,
-                                       snap.workload)
+                                        snap.workload, rows)
         out.notes += notes
     if not left:
         return out
-    # 4. new nodes
+    # 4. new nodes: the planner per set of pods that accept the same groups (by labels and taints)
     backed_off = set(backed_off)
-    groups = []
+    room = {}
     for g in config.groups:
-        room = group_room(snap, g, requested)
+        room[g.name] = group_room(snap, g, requested)
         if g.name in backed_off:
             out.notes.append(f"group {g.name} is backed off")
-        elif room <= 0:
+            room[g.name] = 0
+        elif room[g.name] <= 0:
             out.notes.append(f"group {g.name} is at max_size {g.max_size}")
-        else:
-            template = g.node_spec(f"{g.name}-template")
-            bound = nodes_needed(template, left, room)
-            if bound:
-                groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
+    by_groups: dict[tuple[str, ...], list[PodInfo]] = {}
+    for pod in left:
+        ok = tuple(g.name for g in config.groups if allows(pod.placement, *g.template_constraints()))
+        by_groups.setdefault(ok, []).append(pod)
+    grows: dict[str, list] = {}
+    for names, pods in by_groups.items():
+        _plan_new_nodes(out, pods, [config.group(n) for n in names], room, grows)
+    for name, (count, keys) in sorted(grows.items()):
+        g = config.group(name)
+        out.grows.append(Grow(name, count, tuple(keys), g.cost_per_hour))
+    return out
+
+
+def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[NodeGroupConfig], room: dict[str, int],
+                    grows: dict[str, list]) -> None:
+    """cheapest_nodes for pods that accept the same groups; records grows and unplaceable pods, uses up room."""
+    groups = []
+    for g in candidates:
+        template = g.node_spec(f"{g.name}-template")
+        bound = nodes_needed(template, left, room[g.name], g.template_constraints())
+        if bound:
+            groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
     if not groups:
-        out.unplaceable = {p.key: "no node group can grow (" + "; ".join(out.notes) + ")" for p in left}
-        return out
-    plan = cheapest_nodes([p.demand for p in left], groups, time_limit=cfg.planner_time_limit_s)
+        full = [g.name for g in candidates if room[g.name] <= 0]
+        why = (f"no node group can grow ({', '.join(full)}: backed off or at max size)" if full
+               else "fits no node group's template" if candidates
+               else "no node group's labels and taints admit it")
+        out.unplaceable.update({p.key: why for p in left})
+        return
+    time_limit = out.time_limit
+    plan = cheapest_nodes([p.demand for p in left], groups, time_limit=time_limit)
     served = list(range(len(left)))
     while not plan.ok and len(served) > 1:  # max sizes too small for all of them: serve the largest prefix that fits
         served = served[: len(served) // 2]
-        plan = cheapest_nodes([left[i].demand for i in served], groups, time_limit=cfg.planner_time_limit_s)
+        plan = cheapest_nodes([left[i].demand for i in served], groups, time_limit=time_limit)
     out.planner_status = plan.status
     out.notes += plan.notes
     if not plan.ok:
@@ -287,12 +332,11 @@ def plan_scale_out(snap: Snapshot, config: NodeScalerConfig, *, requested: Seque
     unplaceable = {served[i] for i in plan.unplaceable} if plan.ok else set()
     for i, pod in enumerate(left):
         if i not in served or i in unplaceable:
-            why = ("fits no node group's template" if i in unplaceable
-                   else "the node groups' max sizes leave no room for it")
-            out.unplaceable[pod.key] = why
+            out.unplaceable[pod.key] = ("fits no node group's template" if i in unplaceable
+                                        else "the node groups' max sizes leave no room for it")
     placed_pods = [i for i in served if i not in unplaceable]
-    for name, count in sorted(plan.new_nodes.items()):
-        g = config.group(name)
-        pods_for = tuple(left[placed_pods[k]].key for k, (grp, _) in enumerate(plan.assignments) if grp == name)
-        out.grows.append(Grow(name, count, pods_for, g.cost_per_hour if g else 0.0))
-    return out
+    for name, count in plan.new_nodes.items():
+        room[name] -= count
+        entry = grows.setdefault(name, [0, []])
+        entry[0] += count
+        entry[1] += [left[placed_pods[k]].key for k, (grp, _) in enumerate(plan.assignments) if grp == name]

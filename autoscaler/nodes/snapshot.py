@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.view import ClusterView
+from .constraints import Placement, Taint, node_taints
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
 from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, POOL_LABEL, PRODUCT_LABEL, ObjectError,
                                  parse_quantity, pod_demand, pod_key, requests_gpu)
@@ -76,6 +77,7 @@ class NodeInfo:
     cpu_milli: int = 0
     memory_mib: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
 
     @property
     def booting(self) -> bool:
@@ -106,6 +108,7 @@ class PodInfo:
     labels: Mapping[str, str]
     gpu: bool
     problem: str = ""
+    placement: Placement = Placement()
 
     @property
     def daemon(self) -> bool:
@@ -195,7 +198,8 @@ def node_info(node: Obj) -> NodeInfo:
         unschedulable=bool(spec.get("unschedulable")), drain=drain,
         scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
         mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
-        product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels))
+        product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels),
+        taints=node_taints(node))
 
 
 def pod_info(pod: Obj) -> PodInfo:
@@ -225,7 +229,7 @@ def pod_info(pod: Obj) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")) or 0.0, terminating=bool(meta.get("deletionTimestamp")),
         owner_kind=owner, safe_to_evict=None if safe is None else safe == "true",
         do_not_disrupt=ann.get(DO_NOT_DISRUPT) == "true", grace_s=int(spec.get("terminationGracePeriodSeconds", 30)),
-        labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem)
+        labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem, placement=Placement.of(pod))
 
 
 def pdb_info(pdb: Obj) -> PdbInfo:

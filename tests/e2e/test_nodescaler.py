@@ -1,0 +1,284 @@
+"""The node autoscaler on a real control plane with KWOK GPU nodes: scale-out for 50 eight-GPU pods and scale-in under
+a PodDisruptionBudget checked continuously, MIG repartitioning instead of a new node, the controller killed during
+drains, and two replicas behind one Lease."""
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from autoscaler.nodes.provider import PROVIDER_LABEL, REQUESTED_AT_ANNOTATION
+from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
+from gpuaas.cluster.components import ComponentProcess
+from gpuaas.cluster.local import LocalCluster
+from gpuaas.cluster.migmanager import FakeNodeAgent
+from gpuaas.cluster.pools import parse_pool_spec
+from gpuaas.workloads import gpu_deployment, gpu_pod
+from scoring.kubeobjects import POOL_LABEL
+from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch
+
+from .kube import wait_for
+
+POOLS = {"pools": [
+    {"name": "a100", "count": 4, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
+    {"name": "mig", "count": 2, "gpu": {"model": "A100-80GB", "count": 8, "mig": "all-1g.10gb"}, "cpu": "128",
+     "memory": "1Ti"},
+]}
+A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
+
+
+def config(**over) -> dict:
+    base = {
+        "interval_s": 1,
+        "groups": [
+            {"name": "a100", "template": A100X8, "min_size": 1, "max_size": 4, "cost_per_hour": 20},
+            {"name": "a100x8", "template": A100X8, "min_size": 0, "max_size": 60, "provisioning_delay_s": 1,
+             "max_provision_s": 120, "cost_per_hour": 20},
+            {"name": "h100x8", "template": {"gpu": {"model": "H100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
+             "max_size": 60, "provisioning_delay_s": 1, "cost_per_hour": 32},
+            {"name": "a100x4", "template": {"gpu": {"model": "A100-80GB", "count": 4}, "cpu": "64", "memory": "512Gi"},
+             "max_size": 60, "provisioning_delay_s": 1, "cost_per_hour": 11},
+        ],
+        "scale_in": {"unneeded_s": 2, "delay_after_add_s": 4, "max_concurrent_drains": 60, "eviction_retry_s": 0.5,
+                     "max_drain_s": 120},
+        "leader_election": {"namespace": "default", "name": "nodescaler", "lease_duration_s": 4,
+                            "renew_deadline_s": 3, "retry_period_s": 0.5},
+    }
+    base.update(over)
+    return base
+
+
+def nodescaler(workdir: Path, kubeconfig: Path, cfg: dict, name: str = "gpuaas-nodescaler") -> ComponentProcess:
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = ComponentProcess(name, [], workdir)
+    proc.args = ["nodescaler", "--config", str(path), "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1",
+                 "--port", str(proc.port), "--identity", name]
+    return proc
+
+
+def get(proc: ComponentProcess, path: str) -> str:
+    with urllib.request.urlopen(f"{proc.url}{path}", timeout=5) as resp:
+        return resp.read().decode()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("nodescaler")
+    cluster = LocalCluster(workdir, name="ns")
+    agent = None
+    try:
+        cluster.up(parse_pool_spec(POOLS))
+        agent = FakeNodeAgent(cluster.api).start()
+        yield cluster, workdir, agent
+    finally:
+        if agent:
+            agent.stop()
+        cluster.down()
+
+
+@pytest.fixture
+def ns(env):
+    cluster, _, _ = env
+    name = f"n-{time.monotonic_ns() % 10**8}"
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def pods_in(api, namespace, selector=None):
+    return client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def running(api, namespace, selector=None) -> int:
+    return sum(1 for p in pods_in(api, namespace, selector)
+               if p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
+
+
+def group_nodes(api, group: str) -> list:
+    return client.CoreV1Api(api).list_node(label_selector=f"{POOL_LABEL}={group}").items
+
+
+def pdb(namespace: str, app: str, min_available: int) -> dict:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app, "namespace": namespace},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}}
+
+
+def test_fifty_eight_gpu_pods_grow_the_cheapest_fitting_group_then_idle_nodes_go_without_breaking_the_pdb(env, ns):
+    cluster, workdir, _ = env
+    api = cluster.api
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    # A service under a PDB on the existing a100 pool: 8 one-GPU pods, at most one may be down.
+    svc = gpu_deployment("svc", ns, replicas=8, gpus=1)
+    svc["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: "a100"}  # stays on its pool when moved
+    apps.create_namespaced_deployment(ns, svc)
+    client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(ns, pdb(ns, "svc", 7))
+    wait_for(lambda: running(api, ns, "app=svc") == 8, timeout=60, what="8 svc pods Running")
+    pdbs, deletions = PdbWatch(api, ns).start(), NodeDeletionWatch(api).start()
+    scaler = nodescaler(workdir, cluster.kubeconfig, config())
+    scaler.start(timeout=60)
+    try:
+        # 50 pending eight-GPU pods. Groups: a100x8 (20/h), h100x8 (32/h), a100x4 (11/h, cannot host 8 GPUs).
+        apps.create_namespaced_deployment(ns, gpu_deployment("big", ns, replicas=50, gpus=8))
+        unschedulable_at: dict[str, float] = {}
+
+        def all_running():
+            for p in pods_in(api, ns, "app=big"):
+                for c in p.status.conditions or ():
+                    if c.type == "PodScheduled" and c.status == "False":
+                        unschedulable_at.setdefault(p.metadata.name, c.last_transition_time.timestamp())
+            return running(api, ns, "app=big") == 50
+
+        wait_for(all_running, timeout=180, interval=0.1, what="50 big pods Running")
+        grown = {g: group_nodes(api, g) for g in ("a100x8", "h100x8", "a100x4")}
+        assert grown["h100x8"] == [] and grown["a100x4"] == [], "only the cheapest group that fits may grow"
+        assert len(grown["a100x8"]) == 50  # one per pod: the a100 pool's free GPUs are 6 per node at most
+        requested = sorted(float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in grown["a100x8"])
+        first_unschedulable = min(unschedulable_at.values())
+        print(json.dumps({"first_unschedulable_to_first_grow_s": round(requested[0] - first_unschedulable, 3),
+                          "grow_requests": len(set(requested)), "new_nodes": len(requested),
+                          "pods_seen_unschedulable": len(unschedulable_at)}))
+        # lastTransitionTime has whole seconds, truncated: the pod turned unschedulable at or after it, so this
+        # over-states the latency by up to 1 s, never under-states it.
+        assert requested[0] - first_unschedulable <= 2.0
+        metrics = get(scaler, "/metrics")
+        assert 'gpuaas_nodescaler_nodes_added_total{group="a100x8"}' in metrics
+        events = core.list_namespaced_event(ns, field_selector="reason=TriggeredScaleUp").items
+        assert events, "scale-up decisions are recorded as events on the pods"
+
+        # The load goes: the new nodes are idle and go; the a100 pool consolidates down to its min_size of 1.
+        apps.patch_namespaced_deployment_scale("big", ns, {"spec": {"replicas": 0}})
+        wait_for(lambda: not group_nodes(api, "a100x8"), timeout=180, interval=0.5, what="a100x8 nodes removed")
+        wait_for(lambda: len(group_nodes(api, "a100")) == 1 and running(api, ns, "app=svc") == 8, timeout=120,
+                 interval=0.5, what="a100 pool consolidated to 1 node with 8 svc pods Running")
+        assert running(api, ns, "app=svc") == 8, "no svc pod lost"
+        assert "gpuaas_nodescaler_decisions_total" in get(scaler, "/metrics")
+    finally:
+        scaler.stop()
+        pdbs.stop()
+        deletions.stop()
+    assert pdbs.polls > 50 and "svc" in pdbs.armed, "the PDB checker ran through the test"
+    assert pdbs.violations == []
+    assert deletions.violations == []
+    assert len(deletions.deleted) >= 49
+    assert deletions.open_drains() == {}
+    evictions = core.list_namespaced_event(ns, field_selector="reason=ScaleDown").items
+    assert evictions, "evictions were needed (svc pods moved) and recorded"
+
+
+def test_mig_pods_are_served_by_repartitioning_idle_gpus_without_a_new_node(env, ns):
+    cluster, workdir, agent = env
+    api = cluster.api
+    core = client.CoreV1Api(api)
+    before = {n.metadata.name for n in core.list_node().items}
+    scaler = nodescaler(workdir, cluster.kubeconfig, config(), name="ns-mig")
+    scaler.start(timeout=60)
+    try:
+        # Both mig nodes are all-1g.10gb and idle: no 3g.40gb instance anywhere; 6 pods need 3 GPUs' worth (2 per GPU).
+        for i in range(6):
+            core.create_namespaced_pod(ns, gpu_pod(f"m3g-{i}", ns, mig="3g.40gb"))
+        wait_for(lambda: running(api, ns) == 6, timeout=90, interval=0.25, what="6 MIG 3g.40gb pods Running")
+    finally:
+        scaler.stop()
+    after = {n.metadata.name for n in core.list_node().items}
+    assert after - before == set(), "no new node"
+    configs = {n.metadata.name: n.metadata.labels["nvidia.com/mig.config"] for n in group_nodes(api, "mig")}
+    assert "all-3g.40gb" in configs.values()
+    assert any(a[1] == "all-3g.40gb" and a[2] == "success" for a in agent.applied)
+    assert core.list_namespaced_event(ns, field_selector="reason=TriggeredMigRepartition").items
+
+
+def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
+    cluster, workdir, _ = env
+    api = cluster.api
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    # 24 one-GPU pods spread over 24 nodes of a "chaos" group; the controller consolidates them under a PDB.
+    cfg = config()
+    cfg["groups"] = [{"name": "chaos", "template": A100X8, "min_size": 0, "max_size": 24, "cost_per_hour": 20,
+                      "provisioning_delay_s": 0}]
+    cfg["scale_in"] = {**cfg["scale_in"], "max_concurrent_drains": 6, "delay_after_add_s": 0}
+    cfg["scale_out"] = {"enabled": False}
+    cluster.add_pools(parse_pool_spec({"pools": [{"name": "chaos", "count": 24, **A100X8}]}))
+    dep = gpu_deployment("w", ns, replicas=24, gpus=1)
+    dep["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": ["chaos"]}]}]}}}
+    dep["spec"]["template"]["spec"]["topologySpreadConstraints"] = [{
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {"app": "w"}}}]
+    apps.create_namespaced_deployment(ns, dep)
+    client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(ns, pdb(ns, "w", 22))
+    wait_for(lambda: running(api, ns, "app=w") == 24, timeout=90, what="24 w pods Running")
+    pdbs, deletions = PdbWatch(api, ns).start(), NodeDeletionWatch(api).start()
+    rng = random.Random(6)
+    kills = 0
+    scaler = nodescaler(workdir, cluster.kubeconfig, cfg, name="ns-chaos")
+    try:
+        scaler.start(timeout=60)
+        deadline = time.monotonic() + 150
+        while len(deletions.drains) < 20 and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.5, 4.0))
+            scaler.kill()
+            kills += 1
+            scaler.start(timeout=60)
+        assert len(deletions.drains) >= 20, f"only {len(deletions.drains)} drains started"
+        # Let the last incarnation finish what is open.
+        wait_for(lambda: not deletions.open_drains(), timeout=120, interval=0.5, what="every drain finished")
+        wait_for(lambda: running(api, ns, "app=w") == 24, timeout=60, what="24 w pods Running again")
+    finally:
+        scaler.stop()
+        pdbs.stop()
+        deletions.stop()
+    outcomes = [o for _, o in deletions.drains.values()]
+    print(json.dumps({"kills": kills, "drains": len(outcomes), "deleted": outcomes.count("deleted"),
+                      "rolled_back": outcomes.count("rolled-back")}))
+    assert kills >= 5
+    assert deletions.violations == []
+    assert pdbs.violations == []
+    assert set(outcomes) <= {"deleted", "rolled-back"}
+    for node in core.list_node(label_selector=f"{POOL_LABEL}=chaos").items:
+        assert DRAIN_ANNOTATION not in (node.metadata.annotations or {})
+
+
+def test_two_replicas_only_the_leader_acts_and_the_other_takes_over_within_the_lease(env, ns):
+    cluster, workdir, _ = env
+    api = cluster.api
+    core = client.CoreV1Api(api)
+    cfg = config()
+    cfg["scale_in"] = {"enabled": False}
+    cfg["leader_election"]["name"] = "nodescaler-pair"
+    a = nodescaler(workdir, cluster.kubeconfig, cfg, name="ns-a")
+    b = nodescaler(workdir, cluster.kubeconfig, cfg, name="ns-b")
+    a.start(timeout=60)
+    b.start(timeout=60)
+    try:
+        leaders = wait_for(lambda: [p for p in (a, b) if json.loads(get(p, "/leader"))["leader"]], timeout=15,
+                           what="a leader")
+        assert len(leaders) == 1
+        leader, standby = leaders[0], (b if leaders[0] is a else a)
+        # Work for the leader: a pending pod (it may fit on a node left over by earlier tests, or need a new one).
+        core.create_namespaced_pod(ns, gpu_pod("p1", ns, gpus=8))
+        wait_for(lambda: running(api, ns) == 1, timeout=60, what="p1 Running")
+        time.sleep(2)
+        assert json.loads(get(leader, "/leader"))["reconciles"] > 0
+        assert json.loads(get(standby, "/leader"))["reconciles"] == 0, "the standby never reconciled"
+        assert "gpuaas_nodescaler_leader 0.0" in get(standby, "/metrics")
+        leader.kill()
+        t0 = time.monotonic()
+        wait_for(lambda: json.loads(get(standby, "/leader"))["leader"], timeout=10, interval=0.1,
+                 what="the standby takes over")
+        takeover = time.monotonic() - t0
+        print(json.dumps({"takeover_s": round(takeover, 2), "lease_duration_s": 4}))
+        assert takeover <= 4 + 0.5 + 0.5  # lease duration, plus one retry period and one poll
+        core.create_namespaced_pod(ns, gpu_pod("p2", ns, gpus=8))
+        wait_for(lambda: running(api, ns) == 2, timeout=60, what="p2 Running")
+        assert json.loads(get(standby, "/leader"))["reconciles"] > 0, "the new leader acts"
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,141 @@
+"""Invariant checkers that run beside an end-to-end test, in threads, for the whole test:
+
+- `PdbWatch`: polls every PodDisruptionBudget's pods (Ready and not terminating) every `interval`; once a budget's
+  pods have reached minAvailable, any later poll below it is a violation.
+- `NodeDeletionWatch`: watches Nodes; when one is deleted it lists the pods still bound to it (from the apiserver);
+  a pod holding resources there (not Succeeded/Failed, not a DaemonSet pod) is a violation.
+- `DrainLog`: every drain record (`gpuaas.io/drain` id) seen on a node, and how it ended (node deleted, or annotation
+  gone with the node schedulable again).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
+
+
+def _selector(sel) -> str:
+    parts = [f"{k}={v}" for k, v in (sel.match_labels or {}).items()]
+    for e in sel.match_expressions or ():
+        parts.append(f"{e.key} {e.operator.lower()} ({','.join(e.values or ())})")
+    return ",".join(parts)
+
+
+def _ready(p) -> bool:
+    if p.metadata.deletion_timestamp is not None or p.status.phase != "Running":
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
+
+
+class _Thread:
+    def __init__(self) -> None:
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.errors: list[str] = []
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(15)
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.loop()
+            except Exception as err:  # keep watching through apiserver hiccups
+                self.errors.append(repr(err))
+                time.sleep(0.2)
+
+
+class PdbWatch(_Thread):
+    def __init__(self, api: client.ApiClient, namespace: str, interval: float = 0.1):
+        super().__init__()
+        self.policy = client.PolicyV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.interval = interval
+        self.armed: set[str] = set()
+        self.violations: list[str] = []
+        self.polls = 0
+        self.min_seen: dict[str, int] = {}
+
+    def loop(self) -> None:
+        for pdb in self.policy.list_namespaced_pod_disruption_budget(self.namespace).items:
+            want = pdb.spec.min_available
+            if want is None or isinstance(want, str):
+                continue
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=_selector(pdb.spec.selector)).items
+            healthy = sum(1 for p in pods if _ready(p))
+            name = pdb.metadata.name
+            if name in self.armed:
+                self.min_seen[name] = min(self.min_seen.get(name, healthy), healthy)
+                if healthy < want:
+                    self.violations.append(f"{time.time():.2f} {name}: {healthy} healthy < minAvailable {want}")
+            elif healthy >= want:
+                self.armed.add(name)
+        self.polls += 1
+        self.stop_event.wait(self.interval)
+
+
+class NodeDeletionWatch(_Thread):
+    def __init__(self, api: client.ApiClient):
+        super().__init__()
+        self.core = client.CoreV1Api(api)
+        self.deleted: list[str] = []
+        self.violations: list[str] = []
+        self.drains: dict[str, tuple[str, str]] = {}  # drain id -> (node, outcome: open|deleted|rolled-back)
+        self._annotated: dict[str, str] = {}  # node -> drain id on it now
+        self._rv: str | None = None
+
+    def loop(self) -> None:
+        if self._rv is None:  # one list, then watch from its resourceVersion without gaps
+            listed = self.core.list_node()
+            self._rv = listed.metadata.resource_version
+            for node in listed.items:
+                self._seen("ADDED", node)
+        w = watch.Watch()
+        try:
+            for ev in w.stream(self.core.list_node, timeout_seconds=5, resource_version=self._rv):
+                self._rv = ev["object"].metadata.resource_version
+                self._seen(ev["type"], ev["object"])
+                if self.stop_event.is_set():
+                    w.stop()
+                    return
+        except ApiException as err:
+            if err.status == 410:  # too old: list again (a deletion in the gap would go unchecked: counted)
+                self.errors.append("watch expired; relisted")
+                self._rv = None
+                return
+            raise
+
+    def _seen(self, kind: str, node) -> None:
+        name = node.metadata.name
+        drain = (node.metadata.annotations or {}).get(DRAIN_ANNOTATION)
+        if kind == "DELETED":
+            self.deleted.append(name)
+            pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
+            held = [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
+                    if p.status.phase not in ("Succeeded", "Failed")
+                    and not any(o.kind == "DaemonSet" for o in p.metadata.owner_references or ())]
+            if held:
+                self.violations.append(f"node {name} deleted with pods on it: {held}")
+            if name in self._annotated:
+                self.drains[self._annotated.pop(name)] = (name, "deleted")
+        elif drain:
+            did = json.loads(drain)["id"]
+            self._annotated[name] = did
+            self.drains.setdefault(did, (name, "open"))
+        elif name in self._annotated:
+            did = self._annotated.pop(name)
+            self.drains[did] = (name, "rolled-back" if not node.spec.unschedulable else "annotation-gone-cordoned")
+
+    def open_drains(self) -> dict[str, tuple[str, str]]:
+        return {d: v for d, v in self.drains.items() if v[1] not in ("deleted", "rolled-back")}
