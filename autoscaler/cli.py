@@ -1,6 +1,5 @@
 """`gpuaas autoscaler` (the controller), `gpuaas metrics-api` (custom.metrics.k8s.io for the HPA) and `gpuaas loadgen`
-(the load replayer). Importing this module also adds `gpuaas simulate autoscaling` (gpuaas/simulate/autoscaling_cli.py).
-"""
+(the load replayer). `gpuaas simulate autoscaling` is in gpuaas/simulate/autoscaling_cli.py."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +7,6 @@ import logging
 import signal
 import sys
 import threading
-
-import gpuaas.simulate.autoscaling_cli  # noqa: F401  (registers `gpuaas simulate autoscaling`)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy  # noqa: E402
 from gpuaas.loadgen.serving import ServiceModel  # noqa: E402
-from gpuaas.loadgen.trace import load_trace, scale_rate  # noqa: E402
+from gpuaas.loadgen.trace import Arrival, load_trace, scale_rate  # noqa: E402
 from gpuaas.simulate.autoscaling import peak_replicas, simulate  # noqa: E402
 from gpuaas.simulate.autoscaling_cli import format_table  # noqa: E402
 
@@ -34,16 +35,25 @@ def main() -> int:
     ap.add_argument("--warmup", default="0,300", help="comma list of warm-up seconds to evaluate")
     ap.add_argument("--max-replicas", type=int, default=200)
     ap.add_argument("--bar", type=float, default=0.99, help="SLO attainment bar")
+    ap.add_argument("--smooth-seed", type=int, help="a robustness variant: move every arrival to a uniformly random "
+                                                     "time within its minute (same per-minute counts, no sub-minute "
+                                                     "bursts), with this seed")
     args = ap.parse_args()
     model = ServiceModel()
-    arrivals = scale_rate(load_trace(args.trace), args.rate_scale)
+    raw = load_trace(args.trace)
+    if args.smooth_seed is not None:
+        rng = random.Random(args.smooth_seed)
+        raw = sorted((Arrival(a.t // 60 * 60 + rng.random() * 60, a.context_tokens, a.generated_tokens) for a in raw),
+                     key=lambda a: a.t)
+    arrivals = scale_rate(raw, args.rate_scale)
     peak = peak_replicas(arrivals, model)
     targets = [float(x) for x in args.targets.split(",")]
     mx = args.max_replicas
     policies = [(QueueDepthPolicy(QueueDepthConfig(max_replicas=mx)), None, 1), (StaticPolicy(peak), None, peak)]
     policies += [(HpaPolicy(target=t, max_replicas=mx), t, 1) for t in targets]
     policies += [(KedaPolicy(target=t, max_replica_count=mx), t, 1) for t in targets]
-    out = {"trace": args.trace, "rate_scale": args.rate_scale, "requests": len(arrivals),
+    out = {"trace": args.trace, "smooth_seed": args.smooth_seed, "rate_scale": args.rate_scale,
+           "requests": len(arrivals),
            "static_peak_replicas": peak, "service_model": model.__dict__, "bar": args.bar, "evaluations": []}
     for warmup in [float(w) for w in args.warmup.split(",")]:
         rows = []

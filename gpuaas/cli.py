@@ -13,7 +13,7 @@ VERB_MODULES = (
     "gpuaas.demo",
     "gpuaas.cluster.cli",
     "extender.cli",
-    "autoscaler.cli",  # before simulate.cli: it adds `simulate autoscaling`
+    "autoscaler.cli",
     "autoscaler.nodes.cli",
     "gpuaas.simulate.cli",
 )
