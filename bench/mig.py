@@ -1,7 +1,8 @@
 """MIG benchmark: requests placed before the first failure on a MIG cluster in mixed strategy.
 
-Cluster: A100-80GB and H100-80GB nodes, 8 GPUs and 64 cores each (--cpu); every GPU carries one of the MIG manager's named
-layouts, in a fixed mix (all-balanced, all-1g.10gb, all-3g.40gb, all-2g.20gb, all-7g.80gb). Requests: the trace's
+Cluster: A100-80GB and H100-80GB nodes, 8 GPUs and 64 cores each (--cpu); every GPU carries one of the MIG
+manager's named layouts, in a fixed mix (--mix matched: sized to the stream; --mix balanced: mostly all-balanced).
+Requests: the trace's
 GPU-share pods in shuffled order, each turned into the smallest profile whose memory covers its share
 (ceil(share * 8) memory slices: 1 -> 1g.10gb, 2 -> 2g.20gb, 3-4 -> 3g.40gb, 5-8 -> 7g.80gb), with the pod's CPU and
 memory. Policies: first-fit, least-allocated, gpuaas; then gpuaas with the planner repartitioning idle GPUs (GPUs
@@ -27,9 +28,16 @@ from scoring.planner import apply_mig_plan, repartition_mig
 from scoring.policies import feasible, make_policy, select_node
 
 DATA = Path("/work/shared/data/alibaba-gpu-2023")
-# Sized to the stream's demand (about half the requests need a whole-GPU 7g, 40% a 3g, the rest 2g/1g).
-LAYOUT_MIX = ("all-7g.80gb", "all-3g.40gb", "all-7g.80gb", "all-balanced", "all-7g.80gb", "all-3g.40gb",
-              "all-7g.80gb", "all-7g.80gb")
+# Layout mixes per node (rotated by node index). "matched" is sized to the stream's demand (about half the requests
+# need a whole-GPU 7g, 40% a 3g, the rest 2g/1g); "balanced" is the MIG manager's all-balanced on most GPUs, which
+# under-provisions 7g, so repartitioning idle GPUs is what keeps requests flowing.
+MIXES = {
+    "matched": ("all-7g.80gb", "all-3g.40gb", "all-7g.80gb", "all-balanced", "all-7g.80gb", "all-3g.40gb",
+                "all-7g.80gb", "all-7g.80gb"),
+    "balanced": ("all-7g.80gb", "all-balanced", "all-balanced", "all-7g.80gb", "all-balanced", "all-3g.40gb",
+                 "all-balanced", "all-balanced"),
+}
+LAYOUT_MIX = MIXES["matched"]
 from scoring.gpus import MIG_CONFIGS  # noqa: E402
 
 
@@ -38,11 +46,11 @@ def profile_for(milli: int) -> str:
     return {1: "1g.10gb", 2: "2g.20gb", 3: "3g.40gb", 4: "3g.40gb"}.get(slices, "7g.80gb")
 
 
-def cluster(n_nodes: int, cpu_milli: int = 64_000) -> list[NodeSpec]:
+def cluster(n_nodes: int, cpu_milli: int = 64_000, mix: tuple[str, ...] = LAYOUT_MIX) -> list[NodeSpec]:
     nodes = []
     for i in range(n_nodes):
         model = "A100-80GB" if i % 2 == 0 else "H100-80GB"
-        layouts = tuple(dict(MIG_CONFIGS[LAYOUT_MIX[(g + i) % len(LAYOUT_MIX)]][model]) for g in range(8))
+        layouts = tuple(dict(MIG_CONFIGS[mix[(g + i) % len(mix)]][model]) for g in range(8))
         nodes.append(NodeSpec(f"mig-{i:03d}", cpu_milli, 1_048_576, 8, model, mig_layouts=layouts))
     return nodes
 
@@ -80,15 +88,17 @@ def main() -> int:
     ap.add_argument("--seeds", default="42-46")
     ap.add_argument("--trace", default="default")
     ap.add_argument("--cpu", type=int, default=64, help="cores per node")
+    ap.add_argument("--mix", choices=sorted(MIXES), default="matched", help="MIG layout mix")
     args = ap.parse_args()
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b or a) + 1))
     trace = [p for p in load_pods(DATA / f"openb_pod_list_{args.trace}.csv") if p.is_share]
-    nodes = cluster(args.nodes, args.cpu * 1000)
+    nodes = cluster(args.nodes, args.cpu * 1000, MIXES[args.mix])
     rows = {}
     for name, policy, rep in (("first-fit", "first-fit", False), ("least-allocated", "least-allocated", False),
                               ("gpuaas", "gpuaas", False), ("gpuaas+repartition", "gpuaas", True),
-                              ("first-fit+repartition", "first-fit", True)):
+                              ("first-fit+repartition", "first-fit", True),
+                              ("least-allocated+repartition", "least-allocated", True)):
         results = []
         t0 = time.perf_counter()
         for seed in seeds:
@@ -100,7 +110,7 @@ def main() -> int:
                       "per_seed": [r["placed"] for r in results],
                       "gpus_repartitioned_mean": round(float(np.mean([r["gpus_repartitioned"] for r in results])), 1),
                       "wall_s": round(time.perf_counter() - t0, 1)}
-        print(json.dumps({"policy": name, **rows[name]}), flush=True)
+        print(json.dumps({"policy": name, "cpu_cores": args.cpu, "mix": args.mix, **rows[name]}), flush=True)
     return 0
 
 

@@ -307,8 +307,8 @@ class GpuaasPolicy(FgdPolicy):
       * multi-GPU pods: +TOPOLOGY_BONUS if the node can hold the pod inside one NVLink/NUMA block;
       * consolidation: up to CONSOLIDATION of how full the node already is (GPU and CPU), so partly used nodes fill
         before idle ones are opened.
-    MIG requests: the same CPU look-ahead over free MIG compute slices, then partly used MIG GPUs first (idle GPUs
-    stay available for repartitioning), then nodes already in use.
+    MIG requests: nodes already in use, then partly used MIG GPUs (idle GPUs stay available for repartitioning),
+    then the same CPU look-ahead over free MIG compute slices.
     Devices: a GPU share goes to the GPU with the largest exact fragmentation decrease, then the tightest fit; whole
     GPUs stay inside one block and keep other aligned blocks free; a MIG instance on the most used GPU.
     """
@@ -356,9 +356,9 @@ class GpuaasPolicy(FgdPolicy):
         return s + self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
 
     def _mig_score(self, state, pod, mask):
-        """MIG requests: the same CPU look-ahead over free MIG compute slices (slices the node's CPU can no longer
-        feed are stranded), then instances on GPUs that already serve others (idle GPUs stay free to repartition),
-        then nodes already in use."""
+        """MIG requests: nodes already in use, then instances on GPUs that already serve others (idle GPUs stay free
+        to repartition), then the CPU look-ahead over free MIG compute slices (slices the node's CPU can no longer
+        feed are stranded)."""
         col = state.mig_pos.get(pod.mig_profile)
         out = np.zeros(len(state))
         if col is None:
@@ -376,7 +376,9 @@ class GpuaasPolicy(FgdPolicy):
         partly_used = state.mig_mask > 0
         on_partial = ((state.mig_free[:, :, col] > 0) & partly_used).any(axis=1)
         node_used = partly_used.any(axis=1)
-        return np.round(relief, 3) + 0.5 * on_partial + 0.25 * node_used
+        # Consolidation first (untouched nodes keep their CPU for big requests and their GPUs for repartitioning),
+        # the CPU look-ahead as the finer criterion.
+        return 2.0 * node_used + 1.0 * on_partial + 0.1 * np.round(relief, 3)
 
     def devices(self, state, pod, node):
         if pod.mig_profile:
