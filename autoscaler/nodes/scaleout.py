@@ -246,6 +246,34 @@ def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int,
     return len({row for _, row in placed})
 
 
+def _fits_alone(template: NodeSpec, pod: PodInfo) -> bool:
+    return bool(feasible(ClusterState([template]), pod.demand)[0])
+
+
+def _dominates(a: NodeGroup, b: NodeGroup, pods: Sequence[PodInfo]) -> bool:
+    """Every node of `b` could be a node of `a` instead, at no higher price: `a` is at least as big in every
+    dimension, has the same GPUs per node and MIG layout, and takes every pod `b` takes."""
+    ta, tb = a.template, b.template
+    if a.price > b.price or (ta.cpu_milli, ta.memory_mib) < (tb.cpu_milli, tb.memory_mib):
+        return False
+    if ta.cpu_milli < tb.cpu_milli or ta.memory_mib < tb.memory_mib or ta.gpus != tb.gpus:
+        return False
+    if ta.mig_layouts != tb.mig_layouts or (ta.gpu_blocks or ()) != (tb.gpu_blocks or ()):
+        return False
+    return all(_fits_alone(ta, p) for p in pods if _fits_alone(tb, p))
+
+
+def undominated(groups: list[NodeGroup], pods: Sequence[PodInfo], room: dict[str, int]) -> list[NodeGroup]:
+    """Drop groups another group dominates when that one has room for all the nodes it could need: an optimal plan
+    never needs them, and each group left out shrinks the planner's model by a pods x nodes x GPUs slab."""
+    keep = []
+    for b in groups:
+        if not any(a is not b and _dominates(a, b, pods) and room[a.name] > a.max_new
+                   and (a.price, a.name) < (b.price, b.name) for a in groups):
+            keep.append(b)
+    return keep
+
+
 def group_room(snap: Snapshot, group: NodeGroupConfig, requested: Iterable[Upcoming]) -> int:
     seen = len(snap.group_nodes(group.name))
     unseen = sum(1 for u in requested if u.group == group.name and u.name not in snap.nodes)
@@ -312,6 +340,7 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
         bound = nodes_needed(template, left, room[g.name], g.template_constraints())
         if bound:
             groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
+    groups = undominated(groups, left, room)
     if not groups:
         full = [g.name for g in candidates if room[g.name] <= 0]
         why = (f"no node group can grow ({', '.join(full)}: backed off or at max size)" if full

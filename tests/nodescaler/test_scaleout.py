@@ -100,3 +100,18 @@ def test_pods_younger_than_the_batching_delay_wait():
     s = snap([], [pending("p", gpus=8, created=T0)])
     assert plan_scale_out(s, config(scale_out={"new_pod_delay_s": 1})).grows == []
     assert plan_scale_out(s, config()).grows != []
+
+
+def test_a_dominated_group_is_used_once_the_cheaper_one_runs_out_of_room():
+    # a100x8 (20/h) dominates h100x8 (32/h) for pods without a model restriction, but it has room for 2 nodes only.
+    cfg = config([{"name": "a100x8", "template": A100X8, "max_size": 2, "cost_per_hour": 20},
+                  {"name": "h100x8", "template": {**A100X8, "gpu": {"model": "H100-80GB", "count": 8}},
+                   "max_size": 10, "cost_per_hour": 32}])
+    plan = plan_scale_out(snap([], [pending(f"p{i}", gpus=8) for i in range(3)]), cfg)
+    assert sorted((g.group, g.count) for g in plan.grows) == [("a100x8", 2), ("h100x8", 1)]
+
+
+def test_a_pod_restricted_to_h100_is_not_served_by_the_dominating_cheaper_group():
+    p = pending("h", gpus=8, annotations={"gpuaas.io/gpu-models": "H100-80GB"})
+    plan = plan_scale_out(snap([], [p, pending("a", gpus=8)]), config())
+    assert sorted((g.group, g.count) for g in plan.grows) == [("a100x8", 1), ("h100x8", 1)]
