@@ -16,7 +16,10 @@ from typing import Any
 from kubernetes import client
 
 from .cluster.cli import cluster_dir
-from .cluster.controlplane import ControlPlaneError
+from extender.schedconfig import extender_entry, gpuaas_profile
+
+from .cluster.components import extender_process
+from .cluster.controlplane import ControlPlaneError, free_port
 from .cluster.local import LocalCluster, resolve_pool_spec
 from .cluster.pools import PoolSpecError
 from .cluster.tools import ToolsMissing
@@ -53,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running (stop it with "
                                                              "`gpuaas cluster down --name demo`)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for workloads to settle")
+    parser.add_argument("--scheduler", choices=("gpuaas", "default"), default="gpuaas",
+                        help="gpuaas: kube-scheduler calls the gpuaas extender (default); default: kube-scheduler "
+                             "alone, for comparison")
     parser.set_defaults(func=run)
 
 
@@ -105,6 +111,16 @@ def _short_reason(message: str) -> str:
     return head.rstrip(" ,.") + "."
 
 
+def summary(api: client.ApiClient, rows: list[dict[str, str]], scheduler: str) -> str:
+    """What the placement leaves for the next big job: GPU nodes left completely free."""
+    nodes = [n for n in client.CoreV1Api(api).list_node().items
+             if int(n.status.allocatable.get("nvidia.com/gpu", "0")) > 0]
+    busy = {r["node"] for r in rows if r["phase"] in ("Running", "Pending") and r["node"] != "-"}
+    free = [n.metadata.name for n in nodes if n.metadata.name not in busy]
+    return (f"\nscheduler: {scheduler}; whole-GPU nodes left completely free for 8-GPU jobs: {len(free)} of "
+            f"{len(nodes)} ({', '.join(free) or 'none'})")
+
+
 def print_table(rows: list[dict[str, str]], out=sys.stdout) -> None:
     cols = ("pod", "request", "node", "gpu", "phase")
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
@@ -124,11 +140,19 @@ def run(args: argparse.Namespace) -> int:
     workdir: Path = cluster_dir("demo")
     if workdir.exists() and not (workdir / "state.json").exists():
         shutil.rmtree(workdir)  # the previous demo's logs
-    cluster = LocalCluster(workdir, name="demo", owned=not args.keep)
+    port = free_port()
+    with_gpuaas = args.scheduler == "gpuaas"
+    cluster = LocalCluster(workdir, name="demo", owned=not args.keep,
+                           extenders=[extender_entry(f"http://127.0.0.1:{port}")] if with_gpuaas else None,
+                           scheduler_profiles=[gpuaas_profile("default-scheduler")] if with_gpuaas else None)
+    extender = extender_process(workdir, cluster.kubeconfig, port=port) if with_gpuaas else None
     try:
         print(f"starting a local control plane with {pools.node_count} KWOK GPU nodes ...", flush=True)
         timings = cluster.up(pools)
         print(f"cluster ready in {timings['total_s']:.1f}s; kubeconfig {cluster.kubeconfig}", flush=True)
+        if extender:
+            extender.start()
+            print(f"gpuaas extender serving kube-scheduler at {extender.url} (log {extender.log})", flush=True)
         client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": NAMESPACE}})
         workloads = demo_workloads()
         for w in workloads:
@@ -143,14 +167,20 @@ def run(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.5)
         print()
-        print_table(placement_table(cluster.api))
+        rows = placement_table(cluster.api)
+        print_table(rows)
+        print(summary(cluster.api, rows, args.scheduler))
         if args.keep:
             print(f"\nthe cluster keeps running: export KUBECONFIG={cluster.kubeconfig}; "
-                  f"stop it with `gpuaas cluster down --name demo`")
+                  f"stop it with `gpuaas cluster down --name demo`"
+                  + (" (the extender stops when this command exits: GPU pods created later stay Pending)"
+                     if extender else ""))
         return 0
     except (ToolsMissing, ControlPlaneError, TimeoutError) as err:
         print(f"gpuaas demo: {err}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:
+            if extender:
+                extender.stop()
             cluster.down()
