@@ -44,7 +44,7 @@ class QueueDepthConfig:
     concurrency: int = 8  # requests one replica serves at once
     cold_start_s: float = 60.0  # from asking for a replica to its first request
     beta: float = 1.5  # square-root staffing: slots = R + beta * sqrt(R), R = arrival rate x service time
-    max_trend_factor: float = 3.0  # the rate one cold start ahead is at most this multiple of the rate now
+    max_trend_factor: float = 2.0  # the rate one cold start ahead is at most this multiple of the rate now
     hold_shape: str = "linear"  # "flat": hold the highest recommendation of the window; "linear": an older one counts
     hold_floor: float = 0.5  # less, down to this fraction of it at the window's end
     drain_s: float | None = None  # queued work is sized to drain within this long (default: cold_start_s)

@@ -102,8 +102,9 @@ def test_ours_follows_a_step_up_and_back_down():
     assert fading == sorted(fading, reverse=True) and fading[0] > fading[-1]  # coming down step by step
     after = [live for t, live, _, _ in r.timeline if t > 600 + 900 + 60]
     assert after and max(after) == 1
-    # the first ~75 s of the step (scrape, sync, 60 s cold start) wait: about 3000 of 15000 requests
-    assert 0.7 < r.slo_attainment < 0.85
+    # the first ~75 s of the step (scrape, sync, 60 s cold start) wait whatever the policy: about 3000 of 15000
+    # requests, so at most 0.8; the backlog they leave takes the new replicas a while to drain, so somewhat less
+    assert 0.6 < r.slo_attainment < 0.8
 
 
 def test_rate_scale_spreads_copies_within_the_second():
