@@ -19,6 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8090)
     p.add_argument("--identity", help="leader-election identity (default: $POD_NAME or hostname, plus a random suffix)")
     p.add_argument("--dry-run", action="store_true", help="decide and log, never change the cluster")
+    p.add_argument("--fake-node-agent", action="store_true",
+                   help="local KWOK clusters only: also play the device plugin and the GPU operator's MIG manager "
+                        "(gpuaas/cluster/migmanager.py), so that new nodes get their GPUs and MIG configs apply")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_nodescaler)
@@ -43,7 +46,17 @@ def cmd_nodescaler(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Service(config, args.kubeconfig, identity=args.identity).run(args.host, args.port, stop)
+        agent = None
+        if args.fake_node_agent:
+            from gpuaas.cluster.migmanager import FakeNodeAgent
+            from gpuaas.kubeclient import api_client
+
+            agent = FakeNodeAgent(api_client(args.kubeconfig)).start()
+        try:
+            await Service(config, args.kubeconfig, identity=args.identity).run(args.host, args.port, stop)
+        finally:
+            if agent is not None:
+                await asyncio.to_thread(agent.stop)
 
     asyncio.run(main())
     return 0

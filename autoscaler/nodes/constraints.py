@@ -34,8 +34,11 @@ class Placement:
 
 Taint = tuple[str, str, str]  # (key, value, effect)
 
-# Taints the autoscaler handles itself (cordons, its own drain): a cordoned node is no target anyway.
-IGNORED_TAINTS = ("node.kubernetes.io/unschedulable", "gpuaas.io/draining")
+# Taints that say "not yet" or "going away", which the autoscaler judges itself (booting, cordoned, draining nodes are
+# no targets anyway, and a booting node is judged by its group's template): the pod's own taint tolerance is about
+# the node's lasting taints.
+IGNORED_TAINTS = ("node.kubernetes.io/unschedulable", "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+                  "node.cloudprovider.kubernetes.io/uninitialized", "gpuaas.io/draining")
 
 
 def _expr_ok(expr: Expr, labels: Mapping[str, str]) -> bool:

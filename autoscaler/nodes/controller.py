@@ -8,8 +8,9 @@ what can have changed since the snapshot:
 - a MIG config is set only if the node's label is still the one the plan read;
 - before every write, the replica checks that it still holds the lease.
 
-Order within a reconcile: drains in progress go on, nodes that never became GPU-ready are removed (their group backs
-off), scale-out, then scale-in (skipped in a reconcile that scaled out, as cluster-autoscaler does).
+Order within a reconcile: nodes that never became GPU-ready are removed (their group backs off), scale-out (pods are
+waiting on it), drains in progress go on, then scale-in (skipped in a reconcile that scaled out, as
+cluster-autoscaler does).
 """
 from __future__ import annotations
 
@@ -107,9 +108,13 @@ class KubeCluster:
     def __init__(self, api):
         from kubernetes import client
 
+        from concurrent.futures import ThreadPoolExecutor
+
         self.core = client.CoreV1Api(api)
         self.api = api
         self._recent: dict[tuple, float] = {}
+        # Events are records, sent off the reconcile's path so that fifty of them do not delay the next decision.
+        self._events = ThreadPoolExecutor(max_workers=4, thread_name_prefix="events")
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         import json
@@ -162,6 +167,9 @@ class KubeCluster:
         self._recent[key] = now
         if len(self._recent) > 20000:
             self._recent = {k: t for k, t in self._recent.items() if now - t < 300}
+        self._events.submit(self._send_event, obj, type_, reason, message)
+
+    def _send_event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
         ts = dt.datetime.now(dt.timezone.utc).isoformat()
         ns = obj.get("namespace") or "default"
         try:
@@ -190,7 +198,7 @@ class Report:
     """What one reconcile did (for logs, tests and benchmarks)."""
 
     now: float
-    grows: list[tuple[str, int, float]] = field(default_factory=list)  # (group, count, wall time of the request)
+    grows: list[tuple[str, int, float]] = field(default_factory=list)  # (group, count, when the request was made)
     mig: list[tuple[str, str]] = field(default_factory=list)
     drains_started: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
@@ -230,9 +238,10 @@ class NodeScaler:
             log.info("dry run: %s", decision)
             return report
         try:
-            self._drains(snap, decision, report)
+            # Scale-out first: pods are waiting on it; evictions of a drain can take a while.
             self._failed(decision, report)
             self._scale_out(snap, decision.scale_out, report)
+            self._drains(snap, decision, report)
             if decision.scale_in is not None:
                 self._scale_in(snap, decision.scale_in, report)
         except NotLeader:
@@ -338,6 +347,7 @@ class NodeScaler:
         for g in plan.grows:
             group = self.config.group(g.group)
             self._check()
+            t = self.wall()  # the request is made now; a provider may take a while to return (KWOK: N creates)
             try:
                 names = self.provider.grow(group, g.count)
             except ProviderError as err:
@@ -345,7 +355,6 @@ class NodeScaler:
                 self.metrics.decisions.labels("scale_up", "error").inc()
                 log.warning("growing %s by %d: %s", g.group, g.count, err)
                 continue
-            t = self.wall()
             report.grows.append((g.group, g.count, t))
             deadline = t + group.max_provision_s
             self.memory.requested += [Upcoming(n, g.group, deadline) for n in names]
@@ -367,6 +376,9 @@ class NodeScaler:
             for key in m.pods:
                 self.cluster.event(pod_ref(key), "Normal", "TriggeredMigRepartition",
                                    f"node {m.node} is being repartitioned to {m.config} for this pod")
+        for key in plan.wait_upcoming:
+            self.cluster.event(pod_ref(key), "Normal", "WaitingForNode",
+                               "fits on a node being provisioned or repartitioned; no new scale-up for it")
         for key, why in plan.unplaceable.items():
             self.cluster.event(pod_ref(key), "Normal", "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}")
 

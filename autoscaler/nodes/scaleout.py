@@ -137,8 +137,10 @@ def upcoming_specs(snap: Snapshot, config: NodeScalerConfig,
         if n.drain is not None or n.unschedulable:
             continue
         if n.booting and group is not None:
+            # As the template says, not as it looks now: a registering node carries the lifecycle controller's
+            # not-ready taint, which will be gone when its GPUs are there.
             specs.append(group.node_spec(n.name))
-            rows.append((n.labels, n.taints))
+            rows.append(group.template_constraints())
         elif n.mig_pending and not n.booting:
             spec = _mig_target_spec(n)
             if spec is not None:

@@ -59,6 +59,12 @@ class Service:
 
     # -- informers ---------------------------------------------------------------------------------------------------
     def _on_change(self, kind: str, old, new) -> None:
+        try:
+            self._apply_change(kind, old, new)
+        except Exception:  # one unreadable object must not make the informer relist everything
+            log.exception("ignoring a %s change that could not be applied", kind)
+
+    def _apply_change(self, kind: str, old, new) -> None:
         if kind == "Node":
             self.view.on_change("Node", old and model_object(old), new and model_object(new))
         elif kind == "Pod":

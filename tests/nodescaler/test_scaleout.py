@@ -47,6 +47,15 @@ def test_pods_waiting_on_a_booting_node_do_not_scale_twice():
     assert [(g.group, g.count) for g in plan.grows] == [("a100x8", 1)]  # only the second pod needs a node
 
 
+def test_a_registering_node_with_the_not_ready_taint_still_counts_as_upcoming():
+    cfg = config()
+    node = booting_node(cfg, "a100x8", "a100x8-new")
+    node["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    node["spec"]["taints"] = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    plan = plan_scale_out(snap([node], [pending("p", gpus=8)]), cfg)
+    assert plan.grows == [] and plan.wait_upcoming == ["default/p"]
+
+
 def test_nodes_asked_for_but_not_yet_registered_count_as_upcoming():
     s = snap([], [pending("p1", gpus=8)])
     plan = plan_scale_out(s, config(), requested=[Upcoming("a100x8-new", "a100x8", T0 + 60)])
