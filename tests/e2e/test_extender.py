@@ -53,6 +53,15 @@ def ns(gpu_cluster):
     wait_for(lambda: not core.list_namespaced_pod(name).items, timeout=60, what=f"pods of {name} deleted")
 
 
+def devices_by_node(pods) -> dict[str, list[int]]:
+    """The GPU indices gpuaas recorded, per node: a GPU listed twice on one node was double-booked."""
+    per_node: dict[str, list[int]] = {}
+    for p in pods:
+        per_node.setdefault(p.spec.node_name, []).extend(
+            int(d) for d in p.metadata.annotations[DEVICES_ANNOTATION].split(","))
+    return per_node
+
+
 def running_on(api, namespace):
     return {p.metadata.name: p for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items
             if p.status.phase == "Running"}
@@ -123,11 +132,7 @@ def test_restarted_extender_rebuilds_device_state_from_the_pods(gpu_cluster, ns)
     for i in range(3):
         core.create_namespaced_pod(ns, gpu_pod(f"after-{i}", ns, gpus=3))
     pods = wait_for(lambda: (r := running_on(cluster.api, ns)) and len(r) == 6 and r, what="6 pods Running")
-    per_node: dict[str, list[int]] = {}
-    for p in pods.values():
-        per_node.setdefault(p.spec.node_name, []).extend(
-            int(d) for d in p.metadata.annotations[DEVICES_ANNOTATION].split(","))
-    for node, devices in per_node.items():
+    for node, devices in devices_by_node(pods.values()).items():
         assert len(devices) == len(set(devices)), f"GPU double-booked on {node}: {sorted(devices)}"
 
 
@@ -146,10 +151,7 @@ def test_killing_the_extender_mid_burst_loses_no_pod_and_double_books_no_gpu(gpu
     extender.start()
     pods = wait_for(lambda: (r := running_on(cluster.api, ns)) and len(r) == len(sizes) and r, timeout=120,
                     what=f"all {len(sizes)} pods Running after the restart")
-    per_node: dict[str, list[int]] = {}
-    for p in pods.values():
-        per_node.setdefault(p.spec.node_name, []).extend(
-            int(d) for d in p.metadata.annotations[DEVICES_ANNOTATION].split(","))
+    per_node = devices_by_node(pods.values())
     for node, devices in per_node.items():
         assert len(devices) == len(set(devices)), f"GPU double-booked on {node}: {sorted(devices)}"
         assert max(devices) < 8
