@@ -5,8 +5,9 @@ device plugin, the nodescaler as its own process (groups a100x8 20/h, h100x8 32/
 50 eight-GPU pods. Measured:
 
 - per pod: from its PodScheduled=False lastTransitionTime (whole seconds, truncated: over-states the latency by up to
-  1 s) to the first grow request made at or after it (the `gpuaas.io/requested-at` annotation the KWOK provider
-  writes on the nodes it creates, epoch seconds with milliseconds);
+  1 s) to the grow request that gave it a node, matching pods and new nodes first come, first served (the pods are
+  interchangeable: the k-th pod to turn unschedulable is served by the k-th node requested); request times are the
+  `gpuaas.io/requested-at` annotation the KWOK provider writes on each node (milliseconds);
 - the number of grow requests and the groups grown;
 - the time until all 50 pods are Running (includes the 1 s provisioning delay of the group);
 - the nodescaler's own scale-up latency histogram (same definition, from /metrics).
@@ -35,6 +36,7 @@ from gpuaas.cluster.local import LocalCluster  # noqa: E402
 from gpuaas.cluster.migmanager import FakeNodeAgent  # noqa: E402
 from gpuaas.cluster.pools import parse_pool_spec  # noqa: E402
 from gpuaas.workloads import gpu_deployment  # noqa: E402
+from tests.nodescaler.checks import fifo_latencies  # noqa: E402
 
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
 
@@ -101,12 +103,12 @@ def main() -> int:
         for n in new:
             g = n.metadata.labels["gpuaas.io/pool"]
             groups[g] = groups.get(g, 0) + 1
-        lat = [min((g for g in grows if g >= t), default=float("nan")) - t for t in unsched.values()]
-        lat = [x for x in lat if x == x]
+        requested = [float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in new]
+        lat = fifo_latencies(list(unsched.values()), requested)
         out.update({
             "new_nodes_by_group": groups, "grow_requests": len(grows), "pods_seen_unschedulable": len(unsched),
-            "unschedulable_to_grow_s": {"min": round(min(lat), 3), "median": round(statistics.median(lat), 3),
-                                        "max": round(max(lat), 3)} if lat else None,
+            "unschedulable_to_grow_request_s": {"min": round(min(lat), 3), "median": round(statistics.median(lat), 3),
+                                                "max": round(max(lat), 3), "n": len(lat)} if lat else None,
             "first_unschedulable_to_first_grow_s": round(grows[0] - min(unsched.values()), 3) if grows else None,
         })
         with urllib.request.urlopen(f"{scaler.url}/metrics", timeout=5) as resp:

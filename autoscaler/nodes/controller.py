@@ -28,7 +28,7 @@ from .drain import DeleteNode, DrainAction, Evict, Rollback, Wait, drain_step, e
 from .metrics import Metrics
 from .provider import NodeNotFound, Provider, ProviderError
 from .scalein import Round, must_move, plan_scale_in, update_unneeded
-from .scaleout import Grow, ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
+from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
 from .snapshot import DRAIN_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, DrainRecord, Snapshot, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
@@ -364,7 +364,8 @@ class NodeScaler:
             if oldest is not None:
                 self.metrics.scale_up_latency.observe(max(0.0, t - oldest))
             log.info("scale-up: group %s +%d for %d pods (%.2f/h each)", g.group, g.count, len(g.pods),
-                     g.cost_per_hour)
+                     g.cost_per_hour, extra={"group": g.group, "count": g.count, "requested_at": t,
+                                             "pods": list(g.pods), "snapshot_at": snap.now})
         for m in plan.mig:
             self._set_mig(m, report)
         # Events after the actions: they are records, not on the latency path.
@@ -376,6 +377,8 @@ class NodeScaler:
             for key in m.pods:
                 self.cluster.event(pod_ref(key), "Normal", "TriggeredMigRepartition",
                                    f"node {m.node} is being repartitioned to {m.config} for this pod")
+        self.metrics.decisions.labels("wait_upcoming", "pods").inc(len(plan.wait_upcoming))
+        self.metrics.decisions.labels("not_triggered", "pods").inc(len(plan.unplaceable))
         for key in plan.wait_upcoming:
             self.cluster.event(pod_ref(key), "Normal", "WaitingForNode",
                                "fits on a node being provisioned or repartitioned; no new scale-up for it")

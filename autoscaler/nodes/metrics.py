@@ -8,8 +8,8 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.decisions = Counter("gpuaas_nodescaler_decisions_total",
-                                 "Decisions acted on, by kind (scale_up, mig_repartition, drain_start, evict, "
-                                 "node_delete, drain_rollback, provision_failed) and outcome", ["kind", "outcome"],
+                                 "Decisions, by kind (scale_up, mig_repartition, drain_start, evict, node_delete, "
+                                 "drain_rollback, provision_failed, wait_upcoming, not_triggered) and outcome", ["kind", "outcome"],
                                  registry=r)
         self.nodes_added = Counter("gpuaas_nodescaler_nodes_added_total", "Nodes asked for, by group", ["group"],
                                    registry=r)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scoring.gpus import MigLayoutError, get_model, mig_configs_for, model_by_product
-from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand
+from scoring.gpus import MigLayoutError, mig_configs_for, model_by_product
+from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
 from scoring.policies import feasible, make_policy, select_node
 

@@ -63,6 +63,10 @@ class Service:
             self._apply_change(kind, old, new)
         except Exception:  # one unreadable object must not make the informer relist everything
             log.exception("ignoring a %s change that could not be applied", kind)
+            # Seen: a pod bound to a node whose GPU-ready update has not arrived yet makes the extender's view fail
+            # to place it (scoring.policies.topology_gpus returns None). Rebuilding the model at the next snapshot
+            # re-places every pod on the nodes as they are then.
+            self.view._dirty = True
 
     def _apply_change(self, kind: str, old, new) -> None:
         if kind == "Node":

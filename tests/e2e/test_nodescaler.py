@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from autoscaler.nodes.provider import PROVIDER_LABEL, REQUESTED_AT_ANNOTATION
+from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION
 from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
 from gpuaas.cluster.components import ComponentProcess
 from gpuaas.cluster.local import LocalCluster
@@ -21,7 +21,7 @@ from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_deployment, gpu_pod
 from scoring.kubeobjects import POOL_LABEL
-from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch
+from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch, fifo_latencies
 
 from .kube import wait_for
 
@@ -164,13 +164,14 @@ def test_fifty_eight_gpu_pods_grow_the_cheapest_fitting_group_then_idle_nodes_go
         assert grown["h100x8"] == [] and grown["a100x4"] == [], "only the cheapest group that fits may grow"
         assert len(grown["a100x8"]) == 50  # one per pod: the a100 pool's free GPUs are 6 per node at most
         requested = sorted(float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in grown["a100x8"])
-        first_unschedulable = min(unschedulable_at.values())
-        print(json.dumps({"first_unschedulable_to_first_grow_s": round(requested[0] - first_unschedulable, 3),
-                          "grow_requests": len(set(requested)), "new_nodes": len(requested),
-                          "pods_seen_unschedulable": len(unschedulable_at)}))
+        latency = fifo_latencies(list(unschedulable_at.values()), requested)
+        print(json.dumps({"grow_requests": len(set(requested)), "new_nodes": len(requested),
+                          "pods_seen_unschedulable": len(unschedulable_at),
+                          "unschedulable_to_grow_request_s_max": round(max(latency), 3),
+                          "median": round(sorted(latency)[len(latency) // 2], 3)}))
         # lastTransitionTime has whole seconds, truncated: the pod turned unschedulable at or after it, so this
-        # over-states the latency by up to 1 s, never under-states it.
-        assert requested[0] - first_unschedulable <= 2.0
+        # over-states each latency by up to 1 s, never under-states it.
+        assert latency and max(latency) <= 2.0
         metrics = get(scaler, "/metrics")
         assert 'gpuaas_nodescaler_nodes_added_total{group="a100x8"}' in metrics
         events = core.list_namespaced_event(ns, field_selector="reason=TriggeredScaleUp").items

@@ -139,3 +139,11 @@ class NodeDeletionWatch(_Thread):
 
     def open_drains(self) -> dict[str, tuple[str, str]]:
         return {d: v for d, v in self.drains.items() if v[1] not in ("deleted", "rolled-back")}
+
+
+def fifo_latencies(unschedulable_at: list[float], requested_at: list[float]) -> list[float]:
+    """Scale-up latency per pod for interchangeable pods: the k-th pod to turn unschedulable is served by the k-th node
+    requested (any pending pod may take any new node, so which pod a grow was "for" is arbitrary). A node requested
+    before its pod turned unschedulable counts 0."""
+    pods, nodes = sorted(unschedulable_at), sorted(requested_at)
+    return [max(0.0, n - p) for p, n in zip(pods, nodes)]
