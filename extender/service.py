@@ -9,7 +9,7 @@ from typing import Any
 from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, format_devices, pod_key
 from scoring.policies import feasible
 
-from . import verdicts
+from scoring import verdicts
 from .binder import Binder, BindError
 from .metrics import Metrics
 from .view import ClusterView

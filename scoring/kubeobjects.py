@@ -204,8 +204,7 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     if kinds > 1:
         raise ObjectError(f"{where}: asks for more than one kind of GPU ({GPU_RESOURCE}, {SHARE_RESOURCE}, "
                           f"{MIG_RESOURCE_PREFIX}*); gpuaas places one kind per pod")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    allowed = _allowed_models(annotations.get(MODELS_ANNOTATION, ""), where)
+    allowed = _allowed_models(pod, where)
     name = pod_key(pod)
     try:
         if whole:
@@ -229,18 +228,54 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     return PodDemand(cpu, mem, allowed_models=allowed, name=name)
 
 
-def _allowed_models(raw: str, where: str) -> frozenset[str]:
-    names = [x.strip() for x in raw.split(",") if x.strip()]
+def _allowed_models(pod: Mapping[str, Any], where: str) -> frozenset[str]:
+    """GPU models the pod may run on: the gpuaas annotation, narrowed by a nodeSelector or required node affinity on
+    the GFD product label (kube-scheduler enforces those itself; the model needs them to plan capacity for the pod).
+    Empty means any model."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    spec = pod.get("spec") or {}
+    constraints: list[set[str]] = []
+    names = [x.strip() for x in annotations.get(MODELS_ANNOTATION, "").split(",") if x.strip()]
+    if names:
+        out = set()
+        for n in names:
+            model = model_by_product(n)
+            if model is None:
+                try:
+                    model = get_model(n)
+                except KeyError as err:
+                    raise ObjectError(f"{where}: annotation {MODELS_ANNOTATION}: {err}") from None
+            out.add(model.name)
+        constraints.append(out)
+    selected = (spec.get("nodeSelector") or {}).get(PRODUCT_LABEL)
+    if selected:
+        constraints.append(_catalog_names([selected]))
+    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    per_term = [[e for e in t.get("matchExpressions") or () if e.get("key") == PRODUCT_LABEL and
+                 e.get("operator") == "In"] for t in terms]
+    if per_term and all(per_term):  # terms are ORed: a term without a product constraint allows any model
+        constraints.append(_catalog_names(v for exprs in per_term for e in exprs for v in e.get("values") or ()))
+    if not constraints:
+        return frozenset()
+    allowed = set.intersection(*constraints)
+    return frozenset(allowed) if allowed else frozenset({"(no model satisfies the pod's constraints)"})
+
+
+def _catalog_names(products) -> set[str]:
+    """Catalog names for product labels; an unknown product stays as it is (no modelled node has it)."""
     out = set()
-    for n in names:
-        model = model_by_product(n)
-        if model is None:
-            try:
-                model = get_model(n)
-            except KeyError as err:
-                raise ObjectError(f"{where}: annotation {MODELS_ANNOTATION}: {err}") from None
-        out.add(model.name)
-    return frozenset(out)
+    for product in products:
+        model = model_by_product(product) or _maybe_model(product)
+        out.add(model.name if model else product)
+    return out
+
+
+def _maybe_model(name: str):
+    try:
+        return get_model(name)
+    except KeyError:
+        return None
 
 
 def assigned_devices(pod: Mapping[str, Any]) -> tuple[int, ...] | None:

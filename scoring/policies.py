@@ -447,27 +447,3 @@ POLICIES[FirstFitPolicy.name] = FirstFitPolicy
 
 # -- extender-facing helpers ---------------------------------------------------------------------------------------------
 
-def filter_nodes(state: ClusterState, pod: PodDemand, candidates=None) -> tuple[list[int], dict[int, str]]:
-    """Feasible node indices and, for the others, why not (the extender's Filter: NodeNames + FailedNodes)."""
-    mask = feasible(state, pod)
-    rows = range(len(state)) if candidates is None else candidates
-    ok, failed = [], {}
-    for n in rows:
-        if mask[n]:
-            ok.append(int(n))
-        else:
-            failed[int(n)] = infeasible_reason(state, pod, n) or "does not fit"
-    return ok, failed
-
-
-def prioritize(policy: Policy, state: ClusterState, pod: PodDemand, candidates=None) -> dict[int, int]:
-    """0..MAX_EXTENDER_PRIORITY per candidate node (the extender's Prioritize); infeasible candidates get 0."""
-    mask = feasible(state, pod)
-    if candidates is not None:
-        only = np.zeros(len(state), dtype=bool)
-        only[list(candidates)] = True
-        mask &= only
-    scores = np.asarray(policy.score(state, pod, mask), dtype=float)
-    prio = normalize(scores, mask)
-    rows = range(len(state)) if candidates is None else candidates
-    return {int(n): int(prio[n]) for n in rows}

@@ -111,3 +111,28 @@ def test_device_annotation():
 ])
 def test_pod_for_demand_reads_back_as_the_same_demand(demand):
     assert pod_demand(pod_for_demand(demand.name.split("/")[1], "ml", demand)) == demand
+
+
+def test_node_selector_and_affinity_on_the_product_label_narrow_the_models():
+    pod = gpu_pod("p", gpus=1)
+    pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod_demand(pod).allowed_models == {"H100-80GB"}
+    pod["metadata"]["annotations"] = {"gpuaas.io/gpu-models": "A100-80GB,H100-80GB"}
+    assert pod_demand(pod).allowed_models == {"H100-80GB"}  # both constraints hold: their intersection
+    del pod["spec"]["nodeSelector"]
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                                     "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}
+    assert pod_demand(pod).allowed_models == {"A100-80GB"}
+    # A second term without a product constraint allows any model: the affinity no longer narrows.
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"].append({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]})
+    assert pod_demand(pod).allowed_models == {"A100-80GB", "H100-80GB"}
+
+
+def test_time_sliced_node_counts_physical_gpus():
+    node = pool_node(model="A100-80GB", count=4)
+    node["metadata"]["labels"]["nvidia.com/gpu.replicas"] = "4"
+    for key in ("capacity", "allocatable"):
+        node["status"][key]["nvidia.com/gpu"] = "16"  # the device plugin advertises replicas
+    assert node_spec(node).gpus == 4

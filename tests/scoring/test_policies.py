@@ -183,17 +183,18 @@ def test_gpuaas_mig_uses_partly_used_gpu_first():
 
 
 def test_filter_and_prioritize_for_the_extender():
-    from scoring.policies import filter_nodes, prioritize
+    from scoring.verdicts import filter_nodes, prioritize
 
     s = state()
+    a, b, c = s.names
     pod = PodDemand(cpu_milli=4000, gpus=1, gpu_milli=1000)
-    ok, failed = filter_nodes(s, pod)
-    assert ok == [0, 1] and failed == {2: "node has no GPUs"}
+    verdict = filter_nodes(s, pod, s.names)
+    assert verdict.feasible == [a, b] and verdict.unresolvable == {c: "node has no GPUs"} and not verdict.failed
     # BestFit raw: a = trunc(100*(1 - 0.5*28000/128000 - 0.5*400/8000)) = trunc(86.56) = 86,
     # b = trunc(100*(1 - 0.5*60000/128000 - 0.5*3000/8000)) = trunc(57.81) = 57 -> normalised a 100, b 0
-    # -> onto 0..10: a 10, b 0; c infeasible 0. With candidates [1, 2] only b is feasible -> the top, 10.
-    assert prioritize(BestFitPolicy(s), s, pod) == {0: 10, 1: 0, 2: 0}
-    assert prioritize(BestFitPolicy(s), s, pod, candidates=[1, 2]) == {1: 10, 2: 0}
+    # -> onto 0..10: a 10, b 0; c infeasible 0. With candidates [b, c] only b is feasible -> the top, 10.
+    assert prioritize(s, BestFitPolicy(s), pod, s.names) == ([(a, 10), (b, 0), (c, 0)], a)
+    assert prioritize(s, BestFitPolicy(s), pod, [b, c]) == ([(b, 10), (c, 0)], b)
 
 
 @pytest.mark.parametrize("pod_cpu, relief", [

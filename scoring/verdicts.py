@@ -1,4 +1,5 @@
-"""What the extender answers, as pure functions of the model: which candidate nodes fit a pod (and why the others do
+"""What a scheduler extender answers, as pure functions of the model (the HTTP extender serves them; the node
+autoscaler asks the same questions of a what-if cluster): which candidate nodes fit a pod (and why the others do
 not, split into misfits no amount of waiting or preemption fixes and those that free capacity would fix), and how the
 configured policy ranks the ones that fit, on the extender's 0..10 scale.
 """
