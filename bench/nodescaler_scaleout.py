@@ -8,6 +8,8 @@ device plugin, the nodescaler as its own process (groups a100x8 20/h, h100x8 32/
   1 s) to the grow request that gave it a node, matching pods and new nodes first come, first served (the pods are
   interchangeable: the k-th pod to turn unschedulable is served by the k-th node requested); request times are the
   `gpuaas.io/requested-at` annotation the KWOK provider writes on each node (milliseconds);
+- the same from the eventTime of each pod's first FailedScheduling event (microseconds; kube-scheduler records it
+  with the condition), the precise figure;
 - the number of grow requests and the groups grown;
 - the time until all 50 pods are Running (includes the 1 s provisioning delay of the group);
 - the nodescaler's own scale-up latency histogram (same definition, from /metrics).
@@ -36,7 +38,7 @@ from gpuaas.cluster.local import LocalCluster  # noqa: E402
 from gpuaas.cluster.migmanager import FakeNodeAgent  # noqa: E402
 from gpuaas.cluster.pools import parse_pool_spec  # noqa: E402
 from gpuaas.workloads import gpu_deployment  # noqa: E402
-from tests.nodescaler.checks import fifo_latencies  # noqa: E402
+from tests.nodescaler.checks import failed_scheduling_times, fifo_latencies  # noqa: E402
 
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
 
@@ -105,6 +107,11 @@ def main() -> int:
             groups[g] = groups.get(g, 0) + 1
         requested = [float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in new]
         lat = fifo_latencies(list(unsched.values()), requested)
+        failed = failed_scheduling_times(cluster.api, "bench", "big-")
+        lat_ev = fifo_latencies(list(failed.values()), requested)
+        out["from_failed_scheduling_event_s"] = {
+            "min": round(min(lat_ev), 3), "median": round(statistics.median(lat_ev), 3), "max": round(max(lat_ev), 3),
+            "n": len(lat_ev)} if lat_ev else None
         out.update({
             "new_nodes_by_group": groups, "grow_requests": len(grows), "pods_seen_unschedulable": len(unsched),
             "unschedulable_to_grow_request_s": {"min": round(min(lat), 3), "median": round(statistics.median(lat), 3),

@@ -248,6 +248,16 @@ def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int,
     return len({row for _, row in placed})
 
 
+def lower_bound(template: NodeSpec, pods: Sequence[PodInfo]) -> int:
+    """No fewer nodes of `template` can hold these whole-GPU pods: total GPUs, CPU and memory over one node's."""
+    def ceil_div(a: int, b: int) -> int:
+        return -(-a // b) if b > 0 else (0 if a == 0 else 1 << 30)
+
+    return max(ceil_div(sum(p.demand.gpus for p in pods), template.gpus),
+               ceil_div(sum(p.demand.cpu_milli for p in pods), template.cpu_milli),
+               ceil_div(sum(p.demand.memory_mib for p in pods), template.memory_mib))
+
+
 def _fits_alone(template: NodeSpec, pod: PodInfo) -> bool:
     return bool(feasible(ClusterState([template]), pod.demand)[0])
 
@@ -343,6 +353,22 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
         if bound:
             groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
     groups = undominated(groups, left, room)
+    if len(groups) == 1 and all(p.demand.gpus and not p.demand.mig_profile and not p.demand.is_share for p in left):
+        g = groups[0]
+        fits = [p for p in left if _fits_alone(g.template, p)]
+        if len(fits) == len(left) and g.max_new == lower_bound(g.template, left):
+            # One group, and first-fit reaches the resource lower bound: that is the optimum, no solver needed.
+            t = g.template
+            trial = ClusterState([NodeSpec(f"n{i}", t.cpu_milli, t.memory_mib, t.gpus, t.gpu_model, t.gpu_blocks)
+                                  for i in range(g.max_new)])
+            placed, rest = place_greedy(trial, left, "first-fit")
+            if not rest:
+                out.planner_status = "optimal (first-fit meets the lower bound)"
+                room[g.name] -= g.max_new
+                entry = grows.setdefault(g.name, [0, []])
+                entry[0] += g.max_new
+                entry[1] += [p.key for p in left]
+                return
     if not groups:
         full = [g.name for g in candidates if room[g.name] <= 0]
         why = (f"no node group can grow ({', '.join(full)}: backed off or at max size)" if full

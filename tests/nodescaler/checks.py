@@ -147,3 +147,16 @@ def fifo_latencies(unschedulable_at: list[float], requested_at: list[float]) -> 
     before its pod turned unschedulable counts 0."""
     pods, nodes = sorted(unschedulable_at), sorted(requested_at)
     return [max(0.0, n - p) for p, n in zip(pods, nodes)]
+
+
+def failed_scheduling_times(api: client.ApiClient, namespace: str, prefix: str = "") -> dict[str, float]:
+    """When kube-scheduler first failed to place each pod: the eventTime (microseconds) of its first FailedScheduling
+    event, recorded together with the PodScheduled=False condition (whose lastTransitionTime has whole seconds)."""
+    out: dict[str, float] = {}
+    for ev in client.EventsV1Api(api).list_namespaced_event(namespace).items:
+        if ev.reason != "FailedScheduling" or not ev.regarding or not ev.regarding.name.startswith(prefix):
+            continue
+        t = (ev.event_time or ev.deprecated_first_timestamp)
+        if t is not None:
+            out[ev.regarding.name] = min(out.get(ev.regarding.name, float("inf")), t.timestamp())
+    return out

@@ -18,6 +18,17 @@ def test_eight_gpu_pods_grow_the_cheapest_group_that_fits_them():
     assert len(plan.grows[0].pods) == 5 and plan.unplaceable == {}
 
 
+def test_first_fit_at_the_lower_bound_skips_the_solver_and_otherwise_the_planner_decides():
+    # 50 x 8 GPUs on 8-GPU nodes: first-fit's 50 nodes = ceil(400 / 8), provably optimal.
+    plan = plan_scale_out(snap([], [pending(f"p{i}", gpus=8) for i in range(50)]), config())
+    assert [(g.group, g.count) for g in plan.grows] == [("a100x8", 50)]
+    assert plan.planner_status.startswith("optimal (first-fit")
+    # 3 x 5 GPUs: the bound says ceil(15 / 8) = 2 nodes, first-fit needs 3: the planner decides (3, all a100x8).
+    plan = plan_scale_out(snap([], [pending(f"q{i}", gpus=5) for i in range(3)]), config())
+    assert [(g.group, g.count) for g in plan.grows] == [("a100x8", 3)]
+    assert not plan.planner_status.startswith("optimal (first-fit")
+
+
 def test_small_pods_pack_onto_the_cheapest_capacity():
     # 6 one-GPU pods: one a100x4 (11/h) holds 4, so 2 x a100x4 = 22/h beats 1 x a100x8 = 20/h? No: 20 < 22, so one
     # a100x8 node hosts all six.
