@@ -105,7 +105,10 @@ class ExtenderService:
             reason = verdicts.filter_nodes(state, demand, [args.Node]).failed.get(args.Node, "does not fit")
             self.metrics.decisions.labels("bind", "refused").inc()
             return ExtenderBindingResult(Error=f"{key} no longer fits on {args.Node}: {reason}")
-        devices = policy.devices(state, demand, node) if demand.gpus else ()
+        if held is not None and held.node == args.Node and verdicts.devices_free(state, node, demand, held.devices):
+            devices = held.devices  # what prioritize chose on this node, on the same state minus this pod
+        else:
+            devices = policy.devices(state, demand, node) if demand.gpus else ()
         self.view.assume(key, args.Node, demand, tuple(devices))
         started = time.perf_counter()
         try:

@@ -19,8 +19,8 @@ from typing import Any
 
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
-from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, bound_pod, holds_resources, node_spec,
-                                 pod_demand, pod_key, requests_gpu)
+from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, assigned_devices, holds_resources,
+                                 node_spec, pod_demand, pod_key, requests_gpu)
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.policies import Policy, make_policy
 
@@ -58,6 +58,7 @@ class ClusterView:
         self.policy: Policy | None = None
         self._dirty = True
         self.recent: OrderedDict[str, PodDemand] = OrderedDict()
+        self._demands: dict[tuple, PodDemand] = {}
         self._new_shapes = 0
         self.rebuilds = 0
         self.parse_errors = 0
@@ -110,7 +111,7 @@ class ClusterView:
                 and _devices_note(old) == _devices_note(new)):
             return  # a status update (Running, conditions): nothing the model holds changed
         try:
-            bound = bound_pod(new)
+            bound = BoundPod(key, new["spec"]["nodeName"], self.demand(new), assigned_devices(new))
         except (ObjectError, UnknownGpuModelError, ValueError) as err:
             self.parse_errors += 1
             log.warning("ignoring %s: %s", key, err)
@@ -141,7 +142,7 @@ class ClusterView:
         """Remember the shape of a pod seen for the first time: the workload FGD-style scores weigh is the shapes of
         the last WORKLOAD_WINDOW pods that arrived, pending or placed, as FGD's target workload is the arrivals."""
         try:
-            self.recent[key] = pod_demand(pod)
+            self.recent[key] = self.demand(pod)
         except (ObjectError, UnknownGpuModelError, ValueError):
             return
         if len(self.recent) > WORKLOAD_WINDOW:
@@ -231,9 +232,19 @@ class ClusterView:
             self._unplace(key)
 
     # ---- reading -------------------------------------------------------------------------------------------------
-    @staticmethod
-    def demand(pod: Obj) -> PodDemand:
-        return pod_demand(pod)
+    def demand(self, pod: Obj) -> PodDemand:
+        """pod_demand, remembered per pod uid and spec generation: the same pod is read at arrival, filter,
+        prioritize, bind and binding, and its requests change only with its spec."""
+        meta = pod.get("metadata") or {}
+        key = (meta.get("uid"), meta.get("generation"))
+        if key[0] is None or key[1] is None:
+            return pod_demand(pod)
+        demand = self._demands.get(key)
+        if demand is None:
+            demand = self._demands[key] = pod_demand(pod)
+            if len(self._demands) > 4 * WORKLOAD_WINDOW:
+                self._demands.pop(next(iter(self._demands)))
+        return demand
 
     @staticmethod
     def is_gpu_pod(pod: Obj) -> bool:

@@ -7,13 +7,13 @@ complete list; readiness probes wait on it. Every change is also handed to `on_c
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import orjson
 
 from .kubeclient import ApiEndpoint
 
@@ -69,7 +69,7 @@ class Informer:
         while True:
             async with session.get(self.path, params=params) as resp:
                 resp.raise_for_status()
-                body = await resp.json()
+                body = orjson.loads(await resp.read())
             for item in body.get("items") or ():
                 items[object_key(item)] = item
             cont = body.get("metadata", {}).get("continue")
@@ -98,7 +98,7 @@ class Informer:
             async for line in resp.content:
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)
                 kind, obj = event["type"], event["object"]
                 if kind == "ERROR":
                     if obj.get("code") == 410:  # resourceVersion too old: start over from a list

@@ -126,6 +126,19 @@ def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[
     return list(zip(names, out.tolist())), (state.names[best] if best >= 0 else None)
 
 
+def devices_free(state: ClusterState, node: int, pod: PodDemand, devices: tuple[int, ...]) -> bool:
+    """Whether `devices` on `node` can still take the pod (a choice made earlier, before other placements)."""
+    if not pod.gpus:
+        return True
+    if len(devices) != (1 if pod.mig_profile or pod.is_share else pod.gpus):
+        return False
+    idx = list(devices)
+    if pod.mig_profile:
+        col = state.mig_pos.get(pod.mig_profile)
+        return col is not None and bool((state.mig_free[node, idx, col] > 0).all())
+    return bool((state.gpu_left[node, idx] >= pod.gpu_milli).all())
+
+
 def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
             candidates: list[str] | None = None) -> dict:
     """Why `node` was rejected, or how it scored against the other candidates (all nodes when not given)."""

@@ -149,3 +149,16 @@ def test_unreadable_nodes_are_unresolvable_with_the_reason():
     svc = service(view, RecordingBinder(), {})
     result = svc.filter(ExtenderArgs(Pod=pending("p", gpus=1), NodeNames=names()))
     assert "unknown GPU model 'NVIDIA-Z9000'" in result.FailedAndUnresolvableNodes["a100-0000"]
+
+
+def test_bind_on_the_picked_node_uses_the_devices_prioritize_held():
+    view = view_with_nodes()
+    pods = {"ml/p": pending("p", gpus=2)}
+    binder = RecordingBinder()
+    svc = service(view, binder, pods)
+    scored = svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["a100-0001"]))
+    held = view.placements["ml/p"].devices
+    asyncio.run(svc.bind(ExtenderBindingArgs(PodName="p", PodNamespace="ml", PodUID="uid-p", Node="a100-0001")))
+    assert scored == [("a100-0001", 10)]
+    assert binder.calls == [("p", "a100-0001", {"gpuaas.io/devices": ",".join(map(str, held))})]
+    assert free_gpus(view, "a100-0001") == 6
