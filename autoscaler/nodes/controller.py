@@ -68,7 +68,9 @@ def decide(snap: Snapshot, memory: Memory, config: NodeScalerConfig) -> Decision
     now = snap.now
     for n in sorted(snap.nodes.values(), key=lambda n: n.name):
         if n.drain is not None:
-            if now < memory.next_evict.get(n.name, 0.0):
+            if config.group(n.group) is None:  # the group left the config mid-drain: we may not delete its nodes
+                d.drains.append(Rollback(n.name, f"node group {n.group or '(none)'} is not configured (any more)"))
+            elif now < memory.next_evict.get(n.name, 0.0):
                 d.drains.append(Wait(n.name, "eviction retry interval"))
             else:
                 d.drains.append(drain_step(n, snap.pods_on(n.name), snap.pdbs, now, config.scale_in))

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -153,10 +154,12 @@ def failed_scheduling_times(api: client.ApiClient, namespace: str, prefix: str =
     """When kube-scheduler first failed to place each pod: the eventTime (microseconds) of its first FailedScheduling
     event, recorded together with the PodScheduled=False condition (whose lastTransitionTime has whole seconds)."""
     out: dict[str, float] = {}
-    for ev in client.EventsV1Api(api).list_namespaced_event(namespace).items:
-        if ev.reason != "FailedScheduling" or not ev.regarding or not ev.regarding.name.startswith(prefix):
+    # Raw JSON: the client's model refuses events.k8s.io Events without eventTime (core/v1 events have none).
+    raw = client.EventsV1Api(api).list_namespaced_event(namespace, _preload_content=False).data
+    for ev in json.loads(raw)["items"]:
+        name = (ev.get("regarding") or {}).get("name", "")
+        if ev.get("reason") != "FailedScheduling" or not name.startswith(prefix) or not ev.get("eventTime"):
             continue
-        t = (ev.event_time or ev.deprecated_first_timestamp)
-        if t is not None:
-            out[ev.regarding.name] = min(out.get(ev.regarding.name, float("inf")), t.timestamp())
+        t = dt.datetime.fromisoformat(ev["eventTime"].replace("Z", "+00:00")).timestamp()
+        out[name] = min(out.get(name, float("inf")), t)
     return out

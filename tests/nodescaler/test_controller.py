@@ -230,3 +230,13 @@ def test_dry_run_decides_but_writes_nothing():
     provider = FakeProvider()
     make(cluster, config(GROUPS, dry_run=True), provider=provider).run_once(T0)
     assert provider.grow_calls == [] and cluster.events == []
+
+
+def test_a_drain_on_a_node_of_a_group_no_longer_configured_is_rolled_back():
+    (a,) = nodes("gone", 1)
+    from .builders import draining
+    draining(a)
+    cluster = FakeCluster([a], [])
+    report = make(cluster).run_once(T0)
+    assert report.rolled_back == [a["metadata"]["name"]] and report.deleted == []
+    assert "unschedulable" not in cluster.nodes[a["metadata"]["name"]]["spec"]
