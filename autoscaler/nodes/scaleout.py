@@ -97,7 +97,10 @@ def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, work
     rank = np.arange(len(state))
     placed, left = [], []
     allowed: dict[Placement, np.ndarray] = {}
-    for pod in sorted(pods, key=lambda p: (-p.demand.total_gpu_milli, -p.demand.cpu_milli, p.key)):
+    # Largest first; among equals the longest waiting first, so that capacity already on its way goes to the oldest
+    # pods and a grow is for the newest (what the scale-up latency metric reads).
+    for pod in sorted(pods, key=lambda p: (-p.demand.total_gpu_milli, -p.demand.cpu_milli,
+                                           p.unschedulable_since or 0.0, p.created, p.key)):
         d = pod.demand
         mask = feasible(state, d)
         if rows is not None:
