@@ -369,8 +369,8 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={p.path('front-proxy-client.crt')}",
             f"--proxy-client-key-file={p.path('front-proxy-client.key')}",
-            # No kube-proxy here: reach aggregated API servers through their Endpoints, not the Service IP.
-            "--enable-aggregator-routing=true",
+            # Aggregator routing stays off: there is no kube-proxy, so a local aggregated API server (custom metrics)
+            # is registered behind an ExternalName Service `localhost`, which only the cluster-IP resolver follows.
             # One client, hundreds of fake nodes: no inflight limits, as kwokctl's --disable-qps-limits does.
             "--max-requests-inflight=0", "--max-mutating-requests-inflight=0", "--enable-priority-and-fairness=false",
             "--profiling=false", "--v=1",

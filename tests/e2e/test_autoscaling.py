@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -63,16 +62,6 @@ def prometheus(cluster, prom_ports, tmp_path_factory):
     server.start()
     yield server
     server.stop()
-
-
-def host_ip() -> str:
-    """This machine's own (non-loopback) IPv4 address: the one a default route leaves from. No packet is sent."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("10.255.255.255", 1))
-            return s.getsockname()[0]
-        except OSError:
-            pytest.skip("no non-loopback IPv4 address for an aggregated API endpoint")
 
 
 def replicas(api, ns, name) -> int:
@@ -187,21 +176,15 @@ def metrics_api(cluster, prometheus, namespace):
                                    names=(f"{service}.{namespace}.svc", "localhost"), ips=("127.0.0.1",))
     config = parse(MetricsApiConfig, {"prometheus": {"url": prometheus.url, "timeout_s": 2}})
     backend = Backend(config, Prometheus(prometheus.url, timeout_s=2), KubePods(cluster.api))
-    host = host_ip()
-    server = MetricsApiServer(init_app(backend, config.allowed_client_names), host=host, port=0,
+    server = MetricsApiServer(init_app(backend, config.allowed_client_names), host="127.0.0.1", port=0,
                               ssl_context=server_ssl_context(str(cert), str(key), str(pki.front_proxy_ca_cert)))
     server.start()
     core = client.CoreV1Api(cluster.api)
-    # The apiserver runs with --enable-aggregator-routing=true: it dials an endpoint of the Service, and resolving an
-    # ExternalName Service is refused on that path ("unsupported service type"). An endpoint may not be a loopback
-    # address, so the server listens on this machine's own address and a selector-less Service's EndpointSlice
-    # points there.
+    # No kube-proxy here: the Service is an ExternalName `localhost`, which the aggregator resolves (without
+    # --enable-aggregator-routing) to localhost at the APIService's port, so every packet stays on loopback.
     core.create_namespaced_service(namespace, {"metadata": {"name": service}, "spec": {
-        "ports": [{"port": 443, "targetPort": server.port, "name": "https", "protocol": "TCP"}]}})
-    client.DiscoveryV1Api(cluster.api).create_namespaced_endpoint_slice(namespace, {
-        "metadata": {"name": f"{service}-local", "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4", "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
-        "ports": [{"name": "https", "port": server.port, "protocol": "TCP"}]})
+        "type": "ExternalName", "externalName": "localhost",
+        "ports": [{"port": server.port, "name": "https", "protocol": "TCP"}]}})
     reg = client.ApiregistrationV1Api(cluster.api)
     ca = base64.b64encode(Path(pki.ca_cert).read_bytes()).decode()
     names = []
@@ -210,6 +193,7 @@ def metrics_api(cluster, prometheus, namespace):
         if doc and doc["kind"] == "APIService":
             assert doc["spec"]["service"]["name"] == service
             doc["spec"]["service"]["namespace"] = namespace
+            doc["spec"]["service"]["port"] = server.port
             doc["spec"]["caBundle"] = ca
             reg.create_api_service(doc)
             names.append(doc["metadata"]["name"])
