@@ -403,6 +403,8 @@ def scarcity_weighted(state: ClusterState, workload: Workload, exponent: float) 
     """Popularity x (cluster GPUs / GPUs the shape may use) ** exponent, renormalised. A no-op when no shape is
     restricted to some GPU models."""
     total = float(state.gpu_count.sum())
+    if total == 0:  # no GPU in the cluster (yet): nothing is scarcer than anything else
+        return workload
     supply = np.array([float(state.gpu_count[state.model_allowed(PodDemand(gpus=1, gpu_milli=1,
                                                                               allowed_models=sh.allowed_models))].sum())
                        if sh.allowed_models else total for sh in workload.shapes])
