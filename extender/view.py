@@ -20,7 +20,7 @@ from typing import Any
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
 from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, assigned_devices, holds_resources,
-                                 node_spec, pod_demand, pod_key, requests_gpu)
+                                 node_spec, pod_demand, pod_key)
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.policies import Policy, make_policy
 
@@ -245,10 +245,6 @@ class ClusterView:
             if len(self._demands) > 4 * WORKLOAD_WINDOW:
                 self._demands.pop(next(iter(self._demands)))
         return demand
-
-    @staticmethod
-    def is_gpu_pod(pod: Obj) -> bool:
-        return requests_gpu(pod)
 
     def stats(self) -> dict[str, int]:
         return {"nodes": len(self.nodes), "gpu_nodes": sum(1 for s in self.specs.values() if s.gpus),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_EXTENDER_PRIORITY = 10
 
@@ -54,12 +54,11 @@ class ExtenderFilterResult(_Wire):
 
 
 class HostPriority(_Wire):
+    """One entry of the prioritize reply, a JSON array of these (the server writes it directly: it can hold
+    thousands)."""
+
     Host: str
     Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
-
-
-class HostPriorityList(RootModel[list[HostPriority]]):
-    pass
 
 
 class ExtenderBindingArgs(_Wire):

@@ -306,7 +306,3 @@ class BoundPod:
     node: str
     demand: PodDemand
     devices: tuple[int, ...] | None
-
-
-def bound_pod(pod: Mapping[str, Any]) -> BoundPod:
-    return BoundPod(pod_key(pod), pod["spec"]["nodeName"], pod_demand(pod), assigned_devices(pod))

@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from extender.config import ExtenderConfig
 from extender.server import load_snapshot, snapshot_app
+from extender.wire import HostPriority
 
 from .fixtures import bound, names, nodes, pending
 
@@ -99,8 +100,7 @@ def test_prioritize_scores_every_candidate_in_0_to_10():
 
     status, body = run(go())
     assert status == 200
-    assert [h["Host"] for h in body] == names()
-    assert all(0 <= h["Score"] <= 10 for h in body)
+    assert [HostPriority.model_validate(h).Host for h in body] == names()  # the wire shape, scores within 0..10
     scores = {h["Host"]: h["Score"] for h in body}
     assert scores["cpu-0000"] == 0 and scores["mig-0000"] == 0  # infeasible candidates score 0
     assert scores["a100-0000"] == 10 and scores["a100-0000"] > scores["a100-0001"]
