@@ -6,7 +6,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from ..kubeclient import api_client
 from .controlplane import ControlPlane
@@ -63,6 +65,25 @@ class LocalCluster:
         created = time.monotonic() - t0
         wait_nodes_ready(self.api, [n["metadata"]["name"] for n in nodes], timeout=timeout)
         return {"nodes": float(len(nodes)), "nodes_created_s": created, "nodes_ready_s": time.monotonic() - t0}
+
+    def service_account_kubeconfig(self, rbac: Path, account: str, namespace: str = "gpuaas-system") -> Path:
+        """Apply the RBAC manifest `rbac` (a file of deploy/) into `namespace` and write a kubeconfig that holds a
+        token of ServiceAccount `account`: a component started with it has exactly the permissions gpuaas ships."""
+        core = client.CoreV1Api(self.api)
+        try:
+            core.create_namespace({"metadata": {"name": namespace}})
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        self.control_plane.kubectl("apply", "-n", namespace, "-f", str(rbac))
+        token = core.create_namespaced_service_account_token(
+            account, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"] = [{"name": u["name"], "user": {"token": token}} for u in config["users"]]
+        path = self.kubeconfig.parent / f"{account}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
 
     def down(self) -> None:
         if self._api is not None:

@@ -2,21 +2,25 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
 from gpuaas.cluster.controlplane import free_port
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.local import LocalCluster
+from gpuaas.kubeclient import api_client
 from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_pod
 from scoring.kubeobjects import DEVICES_ANNOTATION
 
 from .kube import pod, pod_events, pod_phase, wait_for
 
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 POOLS = {"pools": [
     {"name": "a100", "count": 4, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
     {"name": "h100", "count": 2, "gpu": {"model": "H100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
@@ -31,13 +35,18 @@ def gpu_cluster(tmp_path_factory):
     port = free_port()
     cluster = LocalCluster(workdir, name="ext", extenders=[extender_entry(f"http://127.0.0.1:{port}")],
                            scheduler_profiles=[gpuaas_profile("default-scheduler")])
-    extender = extender_process(workdir, cluster.kubeconfig, port=port)
+    extender = None
     try:
         cluster.up(parse_pool_spec(POOLS))
+        # The extender runs with exactly the permissions deploy/extender grants it.
+        sa_kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "extender" / "rbac.yaml", "gpuaas-extender")
+        extender = extender_process(workdir, sa_kubeconfig, port=port)
         extender.start()
+        cluster.extender_kubeconfig = sa_kubeconfig
         yield cluster, extender
     finally:
-        extender.stop()
+        if extender is not None:
+            extender.stop()
         cluster.down()
 
 
@@ -182,3 +191,16 @@ def test_https_extender_configured_from_the_environment(tmp_path):
             ext.stop()
     finally:
         cluster.down()
+
+
+def test_the_extenders_service_account_cannot_delete_pods(gpu_cluster, ns):
+    cluster, _ = gpu_cluster
+    client.CoreV1Api(cluster.api).create_namespaced_pod(ns, gpu_pod("keep-me", ns, gpus=1))
+    as_extender = client.CoreV1Api(api_client(cluster.extender_kubeconfig))
+    assert as_extender.read_namespaced_pod("keep-me", ns).metadata.name == "keep-me"  # it may read pods
+    with pytest.raises(ApiException) as err:
+        as_extender.delete_namespaced_pod("keep-me", ns)
+    assert err.value.status == 403
+    with pytest.raises(ApiException) as err:
+        as_extender.patch_node("a100-0000", {"metadata": {"labels": {"x": "y"}}})
+    assert err.value.status == 403
