@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import uvloop
 from aiohttp import web
 
 from gpuaas.config import ConfigError, load_config
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuaas extender: {err}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_format)
+    # uvloop's event loop (libuv) handles the scheduler's request/response round trips with less overhead per request.
     web.run_app(app, host=config.host, port=config.port, ssl_context=ssl_context(config), print=None,
-                access_log=None)
+                access_log=None, loop=uvloop.new_event_loop())
     return 0
