@@ -87,17 +87,19 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     ok = code == 0
     verdict.feasible = list(compress(names, ok.tolist()))
     verdict.feasible_rows = rows[ok]
-    for i in np.flatnonzero(~ok).tolist():
-        name, c = names[i], int(code[i])
-        if c < 0:
-            if unreadable and name in unreadable:
-                verdict.unresolvable[name] = f"gpuaas cannot read this node: {unreadable[name]}"
-            else:
-                verdict.failed[name] = UNKNOWN_NODE
-        elif c < resolvable:
-            verdict.unresolvable[name] = messages[c]
+    # Thousands of rejected nodes: build the reason maps with C-level loops (compress, zip, map), not per name.
+    codes = code.tolist()
+    structural = (code > 0) & (code < resolvable)
+    verdict.unresolvable = dict(zip(compress(names, structural.tolist()),
+                                    map(messages.__getitem__, compress(codes, structural.tolist()))))
+    transient = code >= resolvable
+    verdict.failed = dict(zip(compress(names, transient.tolist()),
+                              map(messages.__getitem__, compress(codes, transient.tolist()))))
+    for name in compress(names, (code < 0).tolist()):  # names the model does not know (few)
+        if unreadable and name in unreadable:
+            verdict.unresolvable[name] = f"gpuaas cannot read this node: {unreadable[name]}"
         else:
-            verdict.failed[name] = messages[c]
+            verdict.failed[name] = UNKNOWN_NODE
     return verdict
 
 
