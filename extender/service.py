@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, format_devices, pod_key
+from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
 from scoring.policies import feasible
 
 from scoring import verdicts
@@ -43,7 +43,14 @@ class ExtenderService:
             raise BadRequest(str(err)) from None
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
-        demand = self._demand(args.Pod)
+        try:
+            demand = self.view.demand(args.Pod)
+        except UnsupportedDemand as err:
+            # A valid pod gpuaas cannot place: kube-scheduler shows this Error in the pod's events.
+            self.metrics.decisions.labels("filter", "unsupported").inc()
+            return ExtenderFilterResult(Error=str(err))
+        except (ObjectError, KeyError) as err:
+            raise BadRequest(str(err)) from None
         names = args.node_names()
         state, _ = self.view.snapshot()
         verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes)

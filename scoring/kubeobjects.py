@@ -53,6 +53,11 @@ class ObjectError(ValueError):
     """A Node or Pod that cannot be read; the message names the object and the field."""
 
 
+class UnsupportedDemand(ObjectError):
+    """A valid pod that asks for something gpuaas does not place (several kinds of GPU, several MIG instances, a GPU
+    share outside 1..1000, a GPU model gpuaas does not know): the pod's own problem, reported to its owner."""
+
+
 def parse_quantity(value: Any, what: str = "quantity") -> Decimal:
     """A Kubernetes resource quantity ("500m", "1Gi", "2", 3) as a Decimal."""
     text = str(value).strip()
@@ -202,7 +207,7 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     migs = {k[len(MIG_RESOURCE_PREFIX):]: v for k, v in req.items() if k.startswith(MIG_RESOURCE_PREFIX) and v > 0}
     kinds = sum(bool(x) for x in (whole, share, migs))
     if kinds > 1:
-        raise ObjectError(f"{where}: asks for more than one kind of GPU ({GPU_RESOURCE}, {SHARE_RESOURCE}, "
+        raise UnsupportedDemand(f"{where}: asks for more than one kind of GPU ({GPU_RESOURCE}, {SHARE_RESOURCE}, "
                           f"{MIG_RESOURCE_PREFIX}*); gpuaas places one kind per pod")
     allowed = _allowed_models(pod, where)
     name = pod_key(pod)
@@ -213,11 +218,11 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         if share:
             milli = _int(share, f"{where}: {SHARE_RESOURCE}")
             if not 0 < milli <= MILLI:
-                raise ObjectError(f"{where}: {SHARE_RESOURCE} must be 1..{MILLI} thousandths of a GPU, got {milli}")
+                raise UnsupportedDemand(f"{where}: {SHARE_RESOURCE} must be 1..{MILLI} thousandths of a GPU, got {milli}")
             return PodDemand(cpu, mem, gpus=1, gpu_milli=milli, allowed_models=allowed, name=name)
         if migs:
             if len(migs) > 1 or next(iter(migs.values())) != 1:
-                raise ObjectError(f"{where}: asks for {dict((k, str(v)) for k, v in migs.items())}; gpuaas places "
+                raise UnsupportedDemand(f"{where}: asks for {dict((k, str(v)) for k, v in migs.items())}; gpuaas places "
                                   "one MIG instance per pod")
             return PodDemand(cpu, mem, gpus=1, gpu_milli=MILLI, mig_profile=next(iter(migs)),
                              allowed_models=allowed, name=name)
@@ -244,7 +249,7 @@ def _allowed_models(pod: Mapping[str, Any], where: str) -> frozenset[str]:
                 try:
                     model = get_model(n)
                 except KeyError as err:
-                    raise ObjectError(f"{where}: annotation {MODELS_ANNOTATION}: {err}") from None
+                    raise UnsupportedDemand(f"{where}: annotation {MODELS_ANNOTATION}: {err}") from None
             out.add(model.name)
         constraints.append(out)
     selected = (spec.get("nodeSelector") or {}).get(PRODUCT_LABEL)

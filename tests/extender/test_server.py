@@ -234,3 +234,15 @@ def test_snapshot_file_as_kubectl_prints_it(tmp_path):
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [{"kind": "Service"}]}))
     with pytest.raises(ValueError, match="not Nodes or Pods"):
         load_snapshot(path)
+
+
+def test_a_valid_pod_gpuaas_cannot_place_gets_an_error_the_scheduler_shows():
+    pod = pending("both", gpus=1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
+
+    async def go():
+        async with client() as c:
+            return await post(c, "/filter", {"Pod": pod, "NodeNames": names()})
+
+    status, body = run(go())
+    assert status == 200 and "asks for more than one kind of GPU" in body["Error"]
