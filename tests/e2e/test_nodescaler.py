@@ -276,6 +276,51 @@ def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
         assert DRAIN_ANNOTATION not in (node.metadata.annotations or {})
 
 
+def test_a_pod_that_must_not_be_disrupted_arriving_mid_drain_rolls_the_drain_back(env, ns):
+    cluster, workdir, _ = env
+    api = cluster.api
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    cluster.add_pools(parse_pool_spec({"pools": [{"name": "rb", "count": 2, **A100X8}]}))
+    cfg = config()
+    cfg["groups"] = [{"name": "rb", "template": A100X8, "min_size": 1, "max_size": 2, "cost_per_hour": 20}]
+    cfg["scale_out"] = {"enabled": False}
+    cfg["scale_in"] = {**cfg["scale_in"], "delay_after_add_s": 0, "unneeded_s": 0}
+    # a (1 GPU, 30 s grace) lands on one rb node X; b (2 GPUs) is pinned to the other: X, the emptier, is drained.
+    a = gpu_deployment("a", ns, replicas=1, gpus=1)
+    a["spec"]["template"]["spec"].update(nodeSelector={POOL_LABEL: "rb"}, terminationGracePeriodSeconds=30)
+    apps.create_namespaced_deployment(ns, a)
+    wait_for(lambda: running(api, ns, "app=a") == 1, timeout=60, what="a Running")
+    x = pods_in(api, ns, "app=a")[0].spec.node_name
+    b = gpu_deployment("b", ns, replicas=1, gpus=2)
+    b["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "rb-0001" if x == "rb-0000"
+                                                     else "rb-0000"}
+    apps.create_namespaced_deployment(ns, b)
+    wait_for(lambda: running(api, ns, "app=b") == 1, timeout=60, what="b Running")
+    deletions = NodeDeletionWatch(api).start()
+    scaler = nodescaler(workdir, cluster.sa_kubeconfig, cfg, name="ns-rollback")
+    scaler.start(timeout=60)
+    try:
+        def drain_on_x():
+            return DRAIN_ANNOTATION in (core.read_node(x).metadata.annotations or {})
+        wait_for(drain_on_x, timeout=30, interval=0.1, what=f"a drain on {x}")
+        # a is evicted and terminates for 30 s; meanwhile a pod that must not be disrupted is bound to the node.
+        pinned = gpu_pod("keep", ns, gpus=1)
+        pinned["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] = "true"
+        pinned["spec"]["nodeName"] = x
+        core.create_namespaced_pod(ns, pinned)
+        wait_for(lambda: not drain_on_x(), timeout=30, interval=0.2, what="the drain rolled back")
+        node = core.read_node(x)
+        assert not node.spec.unschedulable
+        assert not any(t.key == "gpuaas.io/draining" for t in node.spec.taints or ())
+        assert core.list_event_for_all_namespaces(field_selector="reason=DrainRolledBack").items
+        wait_for(lambda: running(api, ns) >= 2, timeout=60, what="keep and b Running")
+    finally:
+        scaler.stop()
+        deletions.stop()
+    assert x not in deletions.deleted and deletions.violations == []
+    assert [o for n, o in deletions.drains.values() if n == x] == ["rolled-back"]
+
+
 def test_two_replicas_only_the_leader_acts_and_the_other_takes_over_within_the_lease(env, ns):
     cluster, workdir, _ = env
     api = cluster.api
