@@ -33,7 +33,7 @@ from .binder import ApiBinder, NoBinder
 from .config import ExtenderConfig
 from .metrics import Metrics
 from .service import BadRequest, ExtenderService
-from .view import ClusterView
+from scoring.clusterview import ClusterView
 from .wire import ExtenderArgs, ExtenderBindingArgs
 
 log = logging.getLogger("gpuaas.extender")

@@ -12,7 +12,7 @@ from scoring.policies import feasible
 from scoring import verdicts
 from .binder import Binder, BindError
 from .metrics import Metrics
-from .view import ClusterView
+from scoring.clusterview import ClusterView
 from .wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult
 
 log = logging.getLogger("gpuaas.extender")

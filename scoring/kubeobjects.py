@@ -107,6 +107,8 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
     gpus = _int(physical, f"{where}: label {COUNT_LABEL}") if physical is not None else whole // replicas
     if gpus == 0 and (whole or any(mig_alloc.values())):
         gpus = whole // replicas + (1 if any(mig_alloc.values()) else 0)
+    if not whole and not any(mig_alloc.values()):
+        gpus = 0  # GFD labels a booting node before the device plugin registers its GPUs: nothing to place on yet
     if gpus > MAX_GPUS_PER_NODE:
         raise ObjectError(f"{where}: {gpus} GPUs, more than the {MAX_GPUS_PER_NODE} per node gpuaas models")
     if gpus == 0:

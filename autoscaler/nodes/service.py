@@ -16,7 +16,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from extender.view import ClusterView
+from scoring.clusterview import ClusterView
 from gpuaas.informer import Informer
 from gpuaas.kubeclient import ApiEndpoint, api_client
 from gpuaas.leader import LeaderElector

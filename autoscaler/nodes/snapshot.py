@@ -1,7 +1,7 @@
 """What the node autoscaler decides on: Nodes, Pods and PodDisruptionBudgets (plain dicts, as the API returns them)
 read once into frozen records plus the scoring model of the GPU-ready nodes. Pure: no I/O, the time is passed in.
 
-The scoring model is built by the extender's `ClusterView` (the one code path that turns Nodes and bound Pods into a
+The scoring model is built by `scoring.clusterview.ClusterView`, as in the extender (the one code path that turns Nodes and bound Pods into a
 `ClusterState`), so the autoscaler's what-if sees the cluster exactly as the extender does.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.view import ClusterView
+from scoring.clusterview import ClusterView
 from .constraints import Placement, Taint, node_taints
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
 from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, POOL_LABEL, PRODUCT_LABEL, ObjectError,

@@ -6,7 +6,7 @@ import asyncio
 from extender.binder import BindError
 from extender.metrics import Metrics
 from extender.service import ExtenderService
-from extender.view import ClusterView
+from scoring.clusterview import ClusterView
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from scoring.model import MILLI
 

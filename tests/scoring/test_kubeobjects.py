@@ -136,3 +136,10 @@ def test_time_sliced_node_counts_physical_gpus():
     for key in ("capacity", "allocatable"):
         node["status"][key]["nvidia.com/gpu"] = "16"  # the device plugin advertises replicas
     assert node_spec(node).gpus == 4
+
+
+def test_a_node_whose_device_plugin_has_not_registered_offers_no_gpus():
+    node = pool_node(model="H100-80GB", count=8)
+    for key in ("capacity", "allocatable"):
+        node["status"][key]["nvidia.com/gpu"] = "0"
+    assert node_spec(node).gpus == 0

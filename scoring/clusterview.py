@@ -1,12 +1,15 @@
-"""The extender's view of the cluster: Nodes and Pods as the informers deliver them, kept as a live scoring model.
+"""The live view of the cluster: Nodes and Pods as informers deliver them, kept as a scoring model. The extender
+decides on it and the node autoscaler plans on it; it is pure (objects in, model out, an injected clock), so both
+feed it from their own watches.
 
 Pods that hold resources (bound, not finished) are placed into the model on the GPUs gpuaas recorded for them
-(`gpuaas.io/devices`), or, for pods bound by someone else, on the GPUs the policy would have chosen. Pods this
-extender has just bound are *assumed*: placed at once, before the watch shows them bound, so that a burst of pods
-never double-books a GPU; an assumption the watch does not confirm within `assume_ttl` seconds is dropped.
+(`gpuaas.io/devices`), or, for pods bound by someone else, on the GPUs the policy would have chosen. Pods the extender
+has just bound are *assumed*: placed at once, before the watch shows them bound, so that a burst of pods never
+double-books a GPU; an assumption the watch does not confirm within `assume_ttl` seconds is dropped.
 
 A change of the node set (or of a node's GPU layout) rebuilds the model and the policy; pod changes are applied in
-place, and the policy is told which node changed (`Policy.observe`). Everything here runs on the event loop's thread.
+place, and the policy is told which node changed (`Policy.observe`). Not thread-safe: one thread (an event loop) owns
+it.
 """
 from __future__ import annotations
 
@@ -189,11 +192,13 @@ class ClusterView:
         if devices is None:
             devices = self.policy.devices(self.state, bound.demand, node) if bound.demand.gpus else ()
         try:
+            if devices is None:  # the policy found no free device: the node holds more than the model knows
+                raise ValueError("no free device left for it in the model")
             self.state.place(node, bound.demand, devices)
         except (ValueError, KeyError, IndexError) as err:
             # The cluster holds more than the model thinks fits (a pod bound past gpuaas): count it, keep going.
             self.parse_errors += 1
-            log.warning("cannot account %s on %s%s: %s", bound.key, bound.node, list(devices), err)
+            log.warning("cannot account %s on %s%s: %s", bound.key, bound.node, list(devices or ()), err)
             return
         self.placements[bound.key] = Placement(bound.node, bound.demand, tuple(devices))
         self.policy.observe(node)
