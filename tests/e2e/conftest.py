@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.pools import parse_pool_spec
@@ -47,6 +48,16 @@ def namespace(cluster):
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture
+def gpuaas_namespace(cluster):
+    """The namespace deploy/ installs into, for server-side dry runs of its overlays."""
+    try:
+        client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": "gpuaas-system"}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
 
 
 @pytest.hookimpl(hookwrapper=True)

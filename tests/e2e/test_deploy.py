@@ -6,21 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from extender.schedconfig import kube_scheduler_configuration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-
-
-@pytest.fixture
-def gpuaas_namespace(cluster):
-    try:
-        client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": "gpuaas-system"}})
-    except ApiException as err:
-        if err.status != 409:
-            raise
 
 
 @pytest.mark.parametrize("overlay", ["extender", "second-scheduler"])

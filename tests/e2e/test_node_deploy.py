@@ -4,21 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from autoscaler.nodes.config import load_nodescaler_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nodescaler"
-
-
-@pytest.fixture
-def gpuaas_namespace(cluster):
-    try:
-        client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": "gpuaas-system"}})
-    except ApiException as err:
-        if err.status != 409:
-            raise
 
 
 def test_nodescaler_overlay_passes_a_server_side_dry_run(cluster, gpuaas_namespace):
