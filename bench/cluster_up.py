@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuaas.cluster.controlplane import process_alive
+from gpuaas.cluster.process import process_alive
 from gpuaas.cluster.local import resolve_pool_spec
 
 

@@ -25,7 +25,7 @@ from kubernetes import client
 
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
-from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.pools import pools_from_node_specs
 from gpuaas.simulate.traces import load_nodes, load_pods

@@ -19,7 +19,8 @@ from .cluster.cli import cluster_dir
 from extender.schedconfig import extender_entry, gpuaas_profile
 
 from .cluster.components import extender_process
-from .cluster.controlplane import ControlPlaneError, free_port
+from .cluster.controlplane import ControlPlaneError
+from .cluster.process import free_port
 from .cluster.local import LocalCluster, resolve_pool_spec
 from .cluster.pools import PoolSpecError
 from .cluster.tools import ToolsMissing

@@ -13,13 +13,13 @@ and reports `status` ("optimal", "feasible", "greedy", "infeasible") and the opt
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from scoring.gpus import GpuModel, get_model, mig_tables, resolve_mig_layout
+from scoring.gpus import GpuModel, get_model, resolve_mig_layout
 from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand, default_blocks
 from scoring.policies import feasible, make_policy, select_node
 

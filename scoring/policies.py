@@ -10,7 +10,6 @@ Policies are registered by name (POLICIES) and built with `make_policy(name, sta
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Protocol

@@ -39,7 +39,6 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
     code = np.zeros(len(rows), dtype=np.int64)
 
     def mark(condition: np.ndarray, message: str) -> None:
-        nonlocal code
         free = (code == 0) & condition
         if free.any():
             code[free] = len(messages)

@@ -9,7 +9,8 @@ from pathlib import Path
 from kubernetes import client
 
 from ..kubeclient import api_client
-from .controlplane import ControlPlane, ControlPlaneError, process_alive
+from .controlplane import ControlPlane, ControlPlaneError
+from .process import process_alive
 from .local import LocalCluster, builtin_pool_specs, resolve_pool_spec
 from .pools import POOL_LABEL, PoolSpecError
 from .tools import ToolsMissing, cache_dir

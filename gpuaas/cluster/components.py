@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .controlplane import die_with_parent, free_port, process_alive
+from .process import free_port, process_alive, spawn, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,13 +41,9 @@ class ComponentProcess:
         return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "ComponentProcess":
-        self.log.parent.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, **self.env, "PYTHONPATH": path}
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen([sys.executable, "-m", "gpuaas.cli", *self.args], stdout=out,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                          start_new_session=True, preexec_fn=die_with_parent)
+        self.popen = spawn([sys.executable, "-m", "gpuaas.cli", *self.args], self.log, append=True, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
@@ -70,12 +66,8 @@ class ComponentProcess:
             self.popen.wait(10)
 
     def stop(self) -> None:
-        if self.popen and self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.popen:
+            terminate(self.popen.pid, sys.executable, popen=self.popen, grace=10)
 
     def running(self) -> bool:
         return bool(self.popen) and process_alive(self.popen.pid, sys.executable)

@@ -13,11 +13,7 @@ each one is visible and the harness does not depend on kwokctl.
 """
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -30,6 +26,7 @@ from typing import Any
 import yaml
 
 from . import pki as pkimod
+from .process import free_port, process_alive, spawn, terminate
 from .stages import write_kwok_config
 from .tools import Tools
 
@@ -69,12 +66,6 @@ class ControlPlaneState:
         return cls(**raw)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scheduler_configuration(kubeconfig: Path, extenders: list[dict[str, Any]] | None = None,
                             profiles: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A KubeSchedulerConfiguration (v1). `extenders` are entries in the scheduler's own field names
@@ -90,22 +81,6 @@ def scheduler_configuration(kubeconfig: Path, extenders: list[dict[str, Any]] | 
     if profiles:
         config["profiles"] = profiles
     return config
-
-
-def die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: a test run that crashes takes its control plane with it.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)
-
-
-def process_alive(pid: int, argv0: str) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    # A zombie has exited; a recycled pid runs another binary.
-    return cmdline == argv0 and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class ControlPlane:
@@ -267,34 +242,13 @@ class ControlPlane:
         if extra:  # (a restart reuses the recorded argv, extra arguments included)
             argv = argv + self.extra_args.get(name, [])
         log = self.logs / f"{name}.log"
-        with open(log, "ab" if append_log else "wb") as out:
-            popen = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir,
-                start_new_session=True, preexec_fn=die_with_parent if self.owned else None,
-            )
+        popen = spawn(argv, log, owned=self.owned, append=append_log, cwd=self.workdir)
         self._popen[name] = popen
         self.state.components[name] = ComponentState(pid=popen.pid, argv=argv, log=str(log), port=port)
         self.state.save(self.state_file)
 
     def _terminate(self, name: str, comp: ComponentState, grace: float = 5.0) -> None:
-        popen = self._popen.pop(name, None)
-        if process_alive(comp.pid, comp.argv[0]):
-            try:
-                os.killpg(comp.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and process_alive(comp.pid, comp.argv[0]):
-                if popen is not None and popen.poll() is not None:
-                    break
-                time.sleep(0.05)
-            if process_alive(comp.pid, comp.argv[0]):
-                try:
-                    os.killpg(comp.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        if popen is not None:
-            popen.wait(timeout=10)
+        terminate(comp.pid, comp.argv[0], popen=self._popen.pop(name, None), grace=grace)
 
     def _wait(self, ready, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

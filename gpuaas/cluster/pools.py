@@ -272,11 +272,11 @@ def pools_from_node_specs(specs: list, prefix: str = "n") -> PoolSpec:
         key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib)
         groups[key] = groups.get(key, 0) + 1
     pools = []
-    for i, ((model, gpus, cpu, mem), count) in enumerate(groups.items()):
-        name = f"{prefix}{i}-{model.lower().replace('_', '-')}x{gpus}" if gpus else f"{prefix}{i}-cpu"
+    for i, ((model, per_node, cpu, mem), count) in enumerate(groups.items()):
+        name = f"{prefix}{i}-{model.lower().replace('_', '-')}x{per_node}" if per_node else f"{prefix}{i}-cpu"
         pool: dict[str, Any] = {"name": re.sub(r"[^a-z0-9-]", "-", name)[:40].strip("-"), "count": count,
                                 "cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": 1000}
-        if gpus:
-            pool["gpu"] = {"model": model, "count": gpus}
+        if per_node:
+            pool["gpu"] = {"model": model, "count": per_node}
         pools.append(pool)
     return parse_pool_spec({"pools": pools})

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from .controlplane import ControlPlaneError, die_with_parent, free_port, process_alive
+from .controlplane import ControlPlaneError
+from .process import free_port, process_alive, spawn, terminate
 from .tools import Tools
 
 
@@ -84,10 +85,7 @@ class PrometheusServer:
                 f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
                 "--log.level=warn"]
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          cwd=self.workdir, start_new_session=True,
-                                          preexec_fn=die_with_parent if self.owned else None)
+        self.popen = spawn(argv, self.log, owned=self.owned, append=True, cwd=self.workdir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
@@ -120,22 +118,8 @@ class PrometheusServer:
 
     def stop(self, grace: float = 5.0) -> None:
         popen, self.popen = self.popen, None
-        if popen is None:
-            return
-        if process_alive(popen.pid, str(self.binary)):
-            try:
-                os.killpg(popen.pid, signal.SIGCONT)  # a paused server cannot handle SIGTERM
-                os.killpg(popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        popen.wait(timeout=10)
+        if popen is not None:
+            terminate(popen.pid, str(self.binary), popen=popen, grace=grace)
 
     def __enter__(self) -> "PrometheusServer":
         return self.start()

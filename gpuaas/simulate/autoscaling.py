@@ -205,7 +205,3 @@ def peak_replicas(arrivals: list[Arrival], model: ServiceModel = ServiceModel(),
             lo += 1
         best = max(best, acc)
     return max(1, math.ceil(best / window_s / model.concurrency))
-
-
-# `gpuaas simulate` imports this module (its SUBVERB_MODULES): the sub-verb lives in autoscaling_cli.py.
-from . import autoscaling_cli  # noqa: E402,F401

@@ -22,7 +22,7 @@ from pathlib import Path
 
 SUBVERBS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 # Modules that contribute `gpuaas simulate <sub-verb>`s by calling register_subverb when imported.
-SUBVERB_MODULES = ("gpuaas.simulate.autoscaling",)
+SUBVERB_MODULES = ("gpuaas.simulate.autoscaling_cli",)
 
 
 def register_subverb(name: str, add_parser: Callable[[argparse._SubParsersAction], None]) -> None:

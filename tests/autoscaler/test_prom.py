@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from autoscaler.prom import BadQuery, NoData, Prometheus, PrometheusUnavailable
-from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.process import free_port
 
 
 class Answers(BaseHTTPRequestHandler):

@@ -26,7 +26,7 @@ from autoscaler.config import AutoscalerConfig, ConfigError, MetricsApiConfig, p
 from autoscaler.controller import CONDITIONS_ANNOTATION, Controller, KubeTargets
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
 from autoscaler.prom import Prometheus
-from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.process import free_port
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.prometheus import PrometheusServer
 from gpuaas.loadgen.replayer import Replayer

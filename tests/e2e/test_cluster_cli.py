@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from gpuaas.cluster.controlplane import process_alive
+from gpuaas.cluster.process import process_alive
 
 
 def gpuaas(*args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ from kubernetes.client.rest import ApiException
 
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
-from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.process import free_port
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.kubeclient import api_client

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from autoscaler.nodes.config import load_nodescaler_config
 

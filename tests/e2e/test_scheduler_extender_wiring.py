@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from kubernetes import client
 
-from gpuaas.cluster.controlplane import free_port
+from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_pod

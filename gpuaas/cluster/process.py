@@ -1,0 +1,65 @@
+"""Processes the harness runs (control-plane components, gpuaas components, Prometheus): started in a session of their
+own with a log file, stopped with SIGTERM then SIGKILL, and recognised by pid *and* binary so that a recycled pid is
+never signalled."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: a test run that crashes takes the processes it started with it.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)
+
+
+def process_alive(pid: int, argv0: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    # A zombie has exited; a recycled pid runs another binary.
+    return cmdline == argv0 and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def spawn(argv: list[str], log: Path, *, owned: bool = True, append: bool = False, cwd: Path | None = None,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `argv` in its own session, stdout and stderr to `log`. `owned`: it dies with this Python process."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab" if append else "wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                env=env, start_new_session=True, preexec_fn=die_with_parent if owned else None)
+
+
+def terminate(pid: int, argv0: str, *, popen: subprocess.Popen | None = None, grace: float = 5.0) -> None:
+    """SIGTERM the process group (after SIGCONT: a stopped process cannot handle SIGTERM), SIGKILL after `grace`."""
+    if process_alive(pid, argv0):
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and process_alive(pid, argv0):
+            if popen is not None and popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        if process_alive(pid, argv0):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if popen is not None:
+        popen.wait(timeout=10)
