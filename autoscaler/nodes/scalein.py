@@ -127,6 +127,16 @@ def candidates(r: Round) -> list[NodeInfo]:
     return sorted(out, key=lambda n: (gpu_utilization(snap, n.name) or 0.0, len(snap.pods_on(n.name)), n.name))
 
 
+def within_budget(r: Round):
+    """Candidates while the round's drain budget lasts, skipping groups already at their minimum size. Lazy: each
+    check sees the drains the caller took for the previous candidates."""
+    for n in candidates(r):
+        if r.budget <= 0:
+            return
+        if r.group_left[n.group] > 0:
+            yield n
+
+
 class Method(Protocol):
     name: str
 
@@ -140,11 +150,7 @@ class Emptiness:
     name = "Empty"
 
     def compute(self, r: Round) -> None:
-        for n in candidates(r):
-            if r.budget <= 0:
-                return
-            if r.group_left[n.group] <= 0:
-                continue
+        for n in within_budget(r):
             if not must_move(r.snap.pods_on(n.name)):
                 r.take(DrainCommand(n.name, n.group, self.name, (), "no pods to move"))
                 block_rows(r.state, [r.state.index[n.name]])
@@ -156,11 +162,7 @@ class Underutilized:
     name = "Underutilized"
 
     def compute(self, r: Round) -> None:
-        for n in candidates(r):
-            if r.budget <= 0:
-                return
-            if r.group_left[n.group] <= 0:
-                continue
+        for n in within_budget(r):
             movers = must_move(r.snap.pods_on(n.name))
             blockers = [b for p in movers if (b := eviction_blocker(p, r.snap.pdbs))]
             if blockers:
