@@ -8,9 +8,9 @@ Registered as a sub-verb of `gpuaas simulate` through `gpuaas.simulate.cli.regis
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
+
+from .output import write_json, write_plot
 
 SERVICE_MODEL_HELP = """service model (defaults): one replica = one GPU; it serves up to 8 requests at once
 (--concurrency); a request takes ContextTokens/5000 + GeneratedTokens/20 seconds (--prefill-tps, --decode-tps); a new
@@ -125,19 +125,10 @@ def run(args: argparse.Namespace) -> int:
     meta = {"trace": str(args.trace), "rate_scale": args.rate_scale, "warmup_s": args.warmup,
             "static_peak_replicas": peak, "service_model": model.__dict__}
     payload = {**rows[0], **meta} if len(rows) == 1 else {"runs": rows, **meta}
-    text = json.dumps(payload, indent=1)
-    if args.json_out == "-":
-        print(text)
-    else:
-        Path(args.json_out).write_text(text + "\n")
+    write_json(payload, args.json_out)
+    if args.json_out != "-":
         print(format_table(rows))
-    if args.plot:
-        try:
-            plot(results, args.plot)
-        except ImportError:
-            print("gpuaas simulate autoscaling: --plot needs matplotlib", file=sys.stderr)
-            return 1
-    return 0
+    return write_plot(plot, results, args.plot, "autoscaling")
 
 
 def plot(results, path: str) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from .output import write_json, write_plot
 
 SUBVERBS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 # Modules that contribute `gpuaas simulate <sub-verb>`s by calling register_subverb when imported.
@@ -129,18 +129,8 @@ def run_packing(args: argparse.Namespace) -> int:
                   f"p99 {r.decision_ms(99):.3f} ms", file=sys.stderr)
     payload = results[0] if len(results) == 1 else {"runs": results}
     if args.json_out:
-        text = json.dumps(payload, indent=1)
-        if args.json_out == "-":
-            print(text)
-        else:
-            Path(args.json_out).write_text(text + "\n")
-    if args.plot:
-        try:
-            plot_allocation(results, args.plot)
-        except ImportError:
-            print("gpuaas simulate packing: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-            return 1
-    return 0
+        write_json(payload, args.json_out)
+    return write_plot(plot_allocation, results, args.plot, "packing")
 
 
 def plot_allocation(results: list[dict], path: str) -> None:
