@@ -63,6 +63,15 @@ class Informer:
                 await asyncio.sleep(backoff * (1 + random.random() / 2))
                 backoff = min(backoff * 2, 30.0)
 
+    def _notify(self, old: Obj | None, new: Obj | None) -> None:
+        # A handler's bug concerns one object: log it with its traceback and keep the watch, rather than relisting.
+        try:
+            self.on_change(self.kind, old, new)
+        except Exception:
+            self.errors += 1
+            obj = new or old or {}
+            log.exception("informer %s: handler failed on %s", self.path, object_key(obj) if obj else "?")
+
     async def _list(self, session: aiohttp.ClientSession) -> None:
         items: dict[str, Obj] = {}
         params = {**self.params, "limit": str(self.page_size)}
@@ -84,9 +93,9 @@ class Informer:
             for key, obj in items.items():
                 prev = old.get(key)
                 if prev is None or prev["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
-                    self.on_change(self.kind, prev, obj)
+                    self._notify(prev, obj)
             for key in old.keys() - items.keys():
-                self.on_change(self.kind, old[key], None)
+                self._notify(old[key], None)
         self.synced.set()
 
     async def _watch(self, session: aiohttp.ClientSession) -> None:
@@ -116,4 +125,4 @@ class Informer:
                     self.store[key] = obj
                     new = obj
                 if self.on_change:
-                    self.on_change(self.kind, prev, new)
+                    self._notify(prev, new)
