@@ -57,10 +57,15 @@ def whole_gpu_nodes(final: Final | None) -> list[str] | None:
     return [n.name for n in final.gpu_nodes if n.whole_gpus > 0]
 
 
+def free_whole_gpu_nodes(final: Final) -> list[str]:
+    """Whole-GPU nodes with nothing allocated: where the next 8-GPU job can go."""
+    return [n.name for n in final.gpu_nodes or () if n.whole_gpus > 0 and n.gpus_allocated == 0]
+
+
 def whole_nodes_free_at_end(final: Final | None) -> int | None:
     if final is None or final.gpu_nodes is None:
         return None
-    return sum(1 for n in final.gpu_nodes if n.whole_gpus > 0 and n.gpus_allocated == 0)
+    return len(free_whole_gpu_nodes(final))
 
 
 def compute_summary(run: Run) -> Summary:
