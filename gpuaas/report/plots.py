@@ -20,6 +20,7 @@ COLORS = {"gpuaas": "#1f77b4", "default": "#ff7f0e"}
 ARRIVAL_COLOR = "#7f7f7f"
 SLO_COLOR = "#d62728"
 DPI = 100
+HEADROOM = 1.12
 SYMLOG_ABOVE_SLO = 10  # queue waits past this multiple of the SLO switch the plot to a log scale above the SLO
 
 
@@ -87,6 +88,12 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=DPI)
 
 
+def _from_zero(ax: Axes) -> None:
+    """y from 0 to a little above the highest value, so that a line at its maximum does not run along the frame."""
+    top = ax.dataLim.y1
+    ax.set_ylim(0, HEADROOM * top if math.isfinite(top) and top > 0 else 1)
+
+
 def _integer_ticks(ax: Axes) -> None:
     from matplotlib.ticker import MaxNLocator
 
@@ -104,7 +111,7 @@ def plot_allocation(record: RunRecord, path: Path, time: TimeAxis) -> None:
     _sample_lines(bx, record, lambda s: None if s.fragmentation_ratio is None else 100 * s.fragmentation_ratio,
                   time)
     bx.set_ylabel("fragmentation (%)")
-    bx.set_ylim(bottom=0)
+    _from_zero(bx)
     bx.set_title("GPU fragmentation (share of free GPU capacity the workload cannot use)")
     time.apply(bx)
     _save(fig, path)
@@ -117,7 +124,7 @@ def plot_nodes(record: RunRecord, path: Path, time: TimeAxis) -> None:
     _sample_lines(ax, record, lambda s: s.gpu_nodes_ready, time, ": GPU nodes ready", ls="--",
                   drawstyle="steps-post")
     ax.set_ylabel("nodes")
-    ax.set_ylim(bottom=0)
+    _from_zero(ax)
     _integer_ticks(ax)
     time.apply(ax)
     ax.set_title("Nodes over time (solid: Node objects, dashed: GPU nodes ready)")
@@ -144,10 +151,10 @@ def plot_replicas(record: RunRecord, path: Path, time: TimeAxis) -> None:
                              ls=":" if run.scheduler == "default" else "-", lw=0.8,
                              label=f"arrival rate ({run.scheduler} run)")
         ax.set_ylabel("replicas")
-        ax.set_ylim(bottom=0)
+        _from_zero(ax)
         _integer_ticks(ax)
         rate_ax.set_ylabel("requests/s", color=ARRIVAL_COLOR)
-        rate_ax.set_ylim(bottom=0)
+        _from_zero(rate_ax)
         ax.set_title(f"{name}: replicas against arrival rate")
         lines = ax.get_lines() + rate_ax.get_lines()
         ax.legend(lines, [line.get_label() for line in lines], loc="upper left", fontsize=7)
@@ -171,7 +178,7 @@ def plot_queue_wait(record: RunRecord, path: Path, time: TimeAxis) -> None:
             # Linear up to the SLO, logarithmic above: a backlog of minutes would flatten the SLO line otherwise.
             ax.set_yscale("symlog", linthresh=slo)
             ax.set_ylabel("p99 queue wait (s, log above the SLO)")
-        ax.set_ylim(bottom=0)
+        _from_zero(ax)
         ax.set_title(f"{name}: queue wait p99 against the SLO")
         ax.legend(loc="upper left", fontsize=7)
     time.apply(axes[-1])
