@@ -39,11 +39,11 @@ def _text(value: object) -> Html:
     return value if isinstance(value, Html) else Html(html.escape(str(value)))
 
 
-def _table(headers: Sequence[object], rows: Iterable[Sequence[object]], numeric_from: int = 99) -> Html:
+def _table(headers: Sequence[object], rows: Iterable[Sequence[object]], numeric_from: int | None = None) -> Html:
     """A table; columns from `numeric_from` on are right-aligned numbers."""
     head = "".join(f"<th>{_text(h)}</th>" for h in headers)
     body = "".join(
-        "<tr>" + "".join(f"<td{' class=num' if i >= numeric_from else ''}>{_text(c)}</td>"
+        "<tr>" + "".join(f"<td{' class=num' if numeric_from is not None and i >= numeric_from else ''}>{_text(c)}</td>"
                          for i, c in enumerate(row)) + "</tr>\n" for row in rows)
     return Html(f"<table><tr>{head}</tr>\n{body}</table>\n")
 

@@ -8,8 +8,8 @@
 - gpu_node_hours: GPU nodes ready, integrated over wall-clock time (each sample's count held until the next sample);
 - whole_nodes_free_at_end: GPU nodes with whole GPUs (not all MIG) and nothing allocated, from final.gpu_nodes.
 
-`gpuaas demo` fills in its record's summary with `compute_summary`, so a disagreement means the record was changed
-or written by something else; the report then shows both numbers.
+A writer should fill in the record's summary with `compute_summary`; a disagreement then means the record was changed
+or computed some other way, and the report shows both numbers.
 """
 from __future__ import annotations
 
