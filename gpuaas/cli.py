@@ -16,6 +16,7 @@ VERB_MODULES = (
     "autoscaler.cli",
     "autoscaler.nodes.cli",
     "gpuaas.simulate.cli",
+    "gpuaas.configref",
 )
 
 
