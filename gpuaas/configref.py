@@ -8,6 +8,7 @@ descriptions ("at least min_size"), because validators cannot be read back.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 import typing
@@ -40,7 +41,6 @@ class Row:
 class ConfigDoc:
     """One file a user writes: its model, how it reaches gpuaas, and an example the test suite parses."""
     title: str
-    anchor: str
     model: type[BaseModel]
     intro: str
     example: str
@@ -158,6 +158,11 @@ def field_rows(model: type[BaseModel], env_prefix: str | None = None, prefix: st
     return rows
 
 
+def github_anchor(heading: str) -> str:
+    """The #anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -225,14 +230,14 @@ def config_docs() -> list[ConfigDoc]:
     from gpuaas.cluster.pools import PoolSpec
 
     return [
-        ConfigDoc("Extender", "extender", ExtenderConfig,
+        ConfigDoc("Extender", ExtenderConfig,
                   "`gpuaas extender --config FILE` (`extender/config.py`). Read from the file, then from "
                   f"`{EXTENDER_ENV}*` environment variables, then from command-line flags; unknown or invalid "
                   "settings stop the start with the field named.",
                   "port: 8888\npolicy: gpuaas\nlog_format: text\ntls:\n  cert_file: /etc/gpuaas/tls/tls.crt\n"
                   "  key_file: /etc/gpuaas/tls/tls.key\n",
                   "extender", env_prefix=EXTENDER_ENV, verb="extender", notes=_policies),
-        ConfigDoc("Replica autoscaler", "autoscaler", AutoscalerConfig,
+        ConfigDoc("Replica autoscaler", AutoscalerConfig,
                   "`gpuaas autoscaler --config FILE` (`autoscaler/config.py`). Read from the file only (no "
                   "environment variables); `--dry-run` sets `dry_run`. At start every query is run once: a query "
                   "Prometheus rejects, or a Prometheus that cannot be reached, stops the start.",
@@ -240,7 +245,7 @@ def config_docs() -> list[ConfigDoc]:
                   "targets:\n  - deployment: llm\n    namespace: inference\n    min_replicas: 1\n"
                   "    max_replicas: 40\n    concurrency: 8\n    cold_start_s: 60\n",
                   "autoscaler", verb="autoscaler", notes=_default_queries),
-        ConfigDoc("Custom metrics API", "metrics-api", MetricsApiConfig,
+        ConfigDoc("Custom metrics API", MetricsApiConfig,
                   "`gpuaas metrics-api --config FILE` (`autoscaler/config.py`). Read from the file only; without "
                   "`--config` every default below applies. The TLS files and the front-proxy CA are flags "
                   "(`--tls-cert`, `--tls-key`, `--client-ca`), as are `--host` and `--port`.",
@@ -248,7 +253,7 @@ def config_docs() -> list[ConfigDoc]:
                   "  - name: queue_depth\n    series: vllm:num_requests_waiting\n"
                   "allowed_client_names: [front-proxy-client]\n",
                   "metrics-api", verb="metrics-api"),
-        ConfigDoc("Node scaler", "nodescaler", NodeScalerConfig,
+        ConfigDoc("Node scaler", NodeScalerConfig,
                   "`gpuaas nodescaler --config FILE` (`autoscaler/nodes/config.py`). Read from the file, then from "
                   f"`{NODESCALER_ENV}*` environment variables, then `--dry-run`. A group's `template` is validated "
                   "as a pool of the [pool spec](#pool-spec) (without `name` and `count`).",
@@ -257,7 +262,7 @@ def config_docs() -> list[ConfigDoc]:
                   "scale_in: {utilization_threshold: 0.5, unneeded_s: 600}\n"
                   "leader_election: {namespace: gpuaas-system}\n",
                   "nodescaler", env_prefix=NODESCALER_ENV, verb="nodescaler"),
-        ConfigDoc("Pool spec", "pool-spec", PoolSpec,
+        ConfigDoc("Pool spec", PoolSpec,
                   "`gpuaas cluster up --pools FILE` and `gpuaas demo --pools FILE` (`gpuaas/cluster/pools.py`): the "
                   "GPU node pools of a local KWOK cluster; `gpuaas/pools/*.yaml` are the built-in ones. Keys are "
                   "camelCase like a Kubernetes object's. The nodes carry what GPU feature discovery and the NVIDIA "
@@ -290,7 +295,7 @@ def render() -> str:
            "Every file a gpuaas component reads, field by field, generated from the pydantic models that validate it. "
            "Unknown fields are refused in every file, and every error names the file and the field. How the pieces "
            "fit: [architecture](architecture.md); running them: [operations](operations.md).", ""]
-    out += [f"- [{d.title}](#{d.anchor})" for d in docs] + ["- [Other environment variables]"
+    out += [f"- [{d.title}](#{github_anchor(d.title)})" for d in docs] + ["- [Other environment variables]"
                                                               "(#other-environment-variables)", ""]
     for d in docs:
         out += [f"## {d.title}", "", d.intro, ""]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -36,7 +38,7 @@ def test_check_flag_reports_a_stale_file(tmp_path, capsys):
     assert configref.REGENERATE in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("doc", configref.config_docs(), ids=lambda d: d.anchor)
+@pytest.mark.parametrize("doc", configref.config_docs(), ids=lambda d: configref.github_anchor(d.title))
 def test_every_field_has_a_description(doc):
     missing = [r.path for r in configref.field_rows(doc.model) if not r.description.strip()]
     assert not missing, f"{doc.model.__name__}: add Field(description=...) to {', '.join(missing)}"
@@ -74,6 +76,16 @@ def _manifests(path: Path) -> None:
         assert doc is None or ("apiVersion" in doc and "kind" in doc), f"not a Kubernetes object: {doc!r}"
 
 
+def _prometheus_rules(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    assert rules and all(set(r) <= {"alert", "expr", "for", "labels", "annotations"} and r["expr"] for r in rules)
+    promtool = shutil.which("promtool")  # installed with Prometheus by scripts/setup.sh (Debian package prometheus)
+    if promtool:
+        result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
 # How each kind of example is loaded: the loader the component itself uses (no environment).
 EXAMPLE_LOADERS = {
     "extender": lambda p: load_config(ExtenderConfig, p, env_prefix=EXTENDER_ENV, environ={}),
@@ -82,6 +94,7 @@ EXAMPLE_LOADERS = {
     "nodescaler": lambda p: load_nodescaler_config(p, environ={}),
     "pools": load_pool_spec,
     "kubernetes": _manifests,
+    "prometheus-rules": _prometheus_rules,
 }
 MARKER = re.compile(r"<!--\s*config:\s*([\w-]+)\s*-->")
 
