@@ -173,8 +173,8 @@ class AutoscalerConfig(Strict):
 
 
 class MetricRule(Strict):
-    """One metric the custom-metrics API serves: per pod from `pod_query`, per object (a Deployment: the sum over
-    its pods, plus `extra_object_query` if given) from the same series."""
+    """One metric the custom-metrics API serves: per pod from `series`, per object (a Deployment: the sum over its
+    pods, plus `extra_object_query` if given) from the same series."""
     name: str = Field(description="metric name the HPA asks for (`metric: {name: ...}`)")
     series: str = Field("vllm:num_requests_waiting", description="the per-pod Prometheus series; it must carry "
                         "`namespace` and `pod` labels")

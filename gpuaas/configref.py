@@ -13,7 +13,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +48,6 @@ class ConfigDoc:
     env_prefix: str | None = None
     verb: str | None = None  # the `gpuaas` verb whose flags of the same name as a top-level field override it
     notes: Callable[[], str] | None = None  # extra Markdown computed from the code (catalogs, defaults)
-    uses: tuple[str, ...] = field(default=())  # where the file is passed
 
 
 # ---- rendering fields ------------------------------------------------------------------------------------------------
@@ -295,14 +294,14 @@ def render() -> str:
            "Every file a gpuaas component reads, field by field, generated from the pydantic models that validate it. "
            "Unknown fields are refused in every file, and every error names the file and the field. How the pieces "
            "fit: [architecture](architecture.md); running them: [operations](operations.md).", ""]
-    out += [f"- [{d.title}](#{github_anchor(d.title)})" for d in docs] + ["- [Other environment variables]"
-                                                              "(#other-environment-variables)", ""]
+    out += [f"- [{d.title}](#{github_anchor(d.title)})" for d in docs]
+    out += ["- [Other environment variables](#other-environment-variables)", ""]
     for d in docs:
         out += [f"## {d.title}", "", d.intro, ""]
         if d.env_prefix:
             out += [f"Environment variables: `{d.env_prefix}` + the field path in upper case, nested fields joined "
-                    f"with `__`; values are read as YAML scalars (`true`, `8888`, `[a, b]`). Fields inside lists "
-                    f"have no variable of their own (set the whole list, as YAML).", ""]
+                    "with `__`; values are read as YAML scalars (`true`, `8888`, `[a, b]`). Fields inside lists "
+                    "have no variable of their own (set the whole list, as YAML).", ""]
         if d.verb:
             flags = overriding_flags(d.verb, d.model)
             if flags:
