@@ -54,8 +54,9 @@ class Strict(BaseModel):
 
 
 class PrometheusConfig(Strict):
-    url: str = "http://127.0.0.1:9090"
-    timeout_s: float = Field(5.0, gt=0)
+    url: str = Field("http://127.0.0.1:9090", description="base URL of the Prometheus HTTP API")
+    timeout_s: float = Field(5.0, gt=0, description="a query not answered within this long counts as Prometheus "
+                             "unavailable")
 
     @field_validator("url")
     @classmethod
@@ -66,9 +67,10 @@ class PrometheusConfig(Strict):
 
 
 class Windows(Strict):
-    rate_window: str = "1m"
-    short_rate_window: str = "30s"
-    service_window: str = "2m"
+    rate_window: str = Field("1m", description="range of the arrival rate (`{rate_window}` in the queries)")
+    short_rate_window: str = Field("30s", description="range of the short arrival rate; the larger of the two rates "
+                                   "counts")
+    service_window: str = Field("2m", description="range over which the mean service time is measured")
 
     @field_validator("rate_window", "short_rate_window", "service_window")
     @classmethod
@@ -79,20 +81,27 @@ class Windows(Strict):
 
 
 class Target(Strict):
-    deployment: str
-    namespace: str = "default"
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(100, ge=1)
-    concurrency: int = Field(8, ge=1)
-    cold_start_s: float = Field(60.0, ge=0)
-    beta: float = Field(1.5, ge=0)
-    drain_s: float | None = Field(None, gt=0)
-    scale_down_window_s: float | None = Field(None, ge=0)
-    hold_shape: Literal["flat", "linear"] = "linear"
-    hold_floor: float = Field(0.5, ge=0, le=1)
-    default_service_time_s: float = Field(1.0, gt=0)
-    windows: Windows = Windows()
-    queries: dict[str, str] = Field(default_factory=dict)
+    deployment: str = Field(description="Deployment to scale, through its scale subresource")
+    namespace: str = Field("default", description="namespace of the Deployment")
+    min_replicas: int = Field(1, ge=0, description="fewest replicas; at most max_replicas")
+    max_replicas: int = Field(100, ge=1, description="most replicas")
+    concurrency: int = Field(8, ge=1, description="requests one replica serves at once")
+    cold_start_s: float = Field(60.0, ge=0, description="from asking for a replica to its first request")
+    beta: float = Field(1.5, ge=0, description="square-root staffing: slots = R + beta x sqrt(R), R = arrival rate x "
+                        "service time")
+    drain_s: float | None = Field(None, gt=0, description="the visible queue is sized to drain within this long; "
+                                  "unset: cold_start_s")
+    scale_down_window_s: float | None = Field(None, ge=0, description="how long past recommendations are "
+                                              "remembered; unset: 15 x cold_start_s")
+    hold_shape: Literal["flat", "linear"] = Field("linear", description="flat: hold the highest recommendation of the "
+                                                  "window; linear: an older one counts for less, down to hold_floor")
+    hold_floor: float = Field(0.5, ge=0, le=1, description="share of a recommendation still held at the end of the "
+                              "window (hold_shape linear)")
+    default_service_time_s: float = Field(1.0, gt=0, description="service time assumed until a request has "
+                                          "finished")
+    windows: Windows = Field(Windows(), description="PromQL ranges the default queries use")
+    queries: dict[str, str] = Field(default_factory=dict, description="PromQL templates that replace the defaults "
+                                    "listed below, by name; \"\" switches an optional one off")
 
     @field_validator("deployment", "namespace")
     @classmethod
@@ -145,10 +154,10 @@ class Target(Strict):
 
 
 class AutoscalerConfig(Strict):
-    prometheus: PrometheusConfig = PrometheusConfig()
-    interval_s: float = Field(15.0, gt=0)
-    dry_run: bool = False
-    targets: list[Target] = Field(min_length=1)
+    prometheus: PrometheusConfig = Field(PrometheusConfig(), description="where the metrics come from")
+    interval_s: float = Field(15.0, gt=0, description="seconds between syncs of every target")
+    dry_run: bool = Field(False, description="decide and record events, never change a replica count")
+    targets: list[Target] = Field(min_length=1, description="the Deployments to scale, each namespace/name once")
 
     @model_validator(mode="after")
     def _unique(self) -> "AutoscalerConfig":
@@ -164,11 +173,13 @@ class AutoscalerConfig(Strict):
 
 
 class MetricRule(Strict):
-    """One metric the custom-metrics API serves: per pod from `pod_query`, per object (a Deployment: the sum over
-    its pods, plus `extra_object_query` if given) from the same series."""
-    name: str
-    series: str = "vllm:num_requests_waiting"  # the per-pod series; it must carry `namespace` and `pod` labels
-    extra_object_query: str | None = None  # added to a Deployment's value; {namespace} and {deployment} placeholders
+    """One metric the custom-metrics API serves: per pod from `series`, per object (a Deployment: the sum over its
+    pods, plus `extra_object_query` if given) from the same series."""
+    name: str = Field(description="metric name the HPA asks for (`metric: {name: ...}`)")
+    series: str = Field("vllm:num_requests_waiting", description="the per-pod Prometheus series; it must carry "
+                        "`namespace` and `pod` labels")
+    extra_object_query: str | None = Field(None, description="PromQL added to a Deployment's value (e.g. requests "
+                                           "waiting at a gateway); placeholders {namespace} and {deployment}")
 
     @field_validator("name")
     @classmethod
@@ -200,9 +211,11 @@ class MetricRule(Strict):
 
 
 class MetricsApiConfig(Strict):
-    prometheus: PrometheusConfig = PrometheusConfig()
-    metrics: list[MetricRule] = Field(default_factory=lambda: [MetricRule(name="queue_depth")], min_length=1)
-    allowed_client_names: list[str] = ["front-proxy-client"]
+    prometheus: PrometheusConfig = Field(PrometheusConfig(), description="where the metrics come from")
+    metrics: list[MetricRule] = Field(default_factory=lambda: [MetricRule(name="queue_depth")], min_length=1,
+                                      description="the metrics served")
+    allowed_client_names: list[str] = Field(["front-proxy-client"], description="client-certificate CNs (signed by "
+                                            "the front-proxy CA) that may call the API")
 
 
 def _load(model: type[BaseModel], path: Path | str):

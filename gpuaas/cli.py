@@ -17,6 +17,7 @@ VERB_MODULES = (
     "autoscaler.nodes.cli",
     "gpuaas.simulate.cli",
     "gpuaas.report.cli",
+    "gpuaas.configref",
 )
 
 

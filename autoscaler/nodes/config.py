@@ -36,13 +36,16 @@ class _Strict(BaseModel):
 
 
 class NodeGroupConfig(_Strict):
-    name: str
-    template: dict[str, Any]
-    min_size: int = Field(default=0, ge=0)
-    max_size: int = Field(ge=0)
-    provisioning_delay_s: float = Field(default=0.0, ge=0)
-    max_provision_s: float = Field(default=900.0, gt=0)
-    cost_per_hour: float = Field(gt=0)
+    name: str = Field(description="group name; its nodes carry the label `gpuaas.io/pool: <name>`")
+    template: dict[str, Any] = Field(description="what a node of the group is: a pool of the pool spec without "
+                                     "`name` and `count` (`gpu`, `cpu`, `memory`, `pods`, `labels`, `taints`)")
+    min_size: int = Field(default=0, ge=0, description="scale-in never goes below this many nodes")
+    max_size: int = Field(ge=0, description="scale-out never goes above this many nodes; at least min_size")
+    provisioning_delay_s: float = Field(default=0.0, ge=0, description="KWOK provider: the new node's GPUs become "
+                                        "allocatable this long after the grow request")
+    max_provision_s: float = Field(default=900.0, gt=0, description="a new node whose GPUs are not allocatable by "
+                                   "then is deleted and the group backs off")
+    cost_per_hour: float = Field(gt=0, description="price of one node; scale-out buys the cheapest set of nodes")
 
     @model_validator(mode="after")
     def _check(self) -> "NodeGroupConfig":
@@ -93,34 +96,45 @@ class NodeGroupConfig(_Strict):
 
 
 class ScaleOutConfig(_Strict):
-    enabled: bool = True
-    mig_repartition: bool = True
-    planner_time_limit_s: float = Field(default=0.5, gt=0)  # per planner call (MIG, new nodes)
-    policy: str = "gpuaas"
-    backoff_initial_s: float = Field(default=300.0, gt=0)  # cluster-autoscaler's defaults
-    backoff_max_s: float = Field(default=1800.0, gt=0)
+    enabled: bool = Field(default=True, description="grow groups and repartition MIG for unschedulable GPU pods")
+    mig_repartition: bool = Field(default=True, description="reconfigure idle MIG nodes for pending MIG pods "
+                                  "before buying nodes")
+    planner_time_limit_s: float = Field(default=0.5, gt=0, description="per planner call (MIG, new nodes); past it "
+                                        "the greedy answer is used")
+    policy: str = Field(default="gpuaas", description="scoring policy of the what-if placements (as the extender's)")
+    backoff_initial_s: float = Field(default=300.0, gt=0, description="first back-off of a group whose node failed "
+                                     "to provision; doubles per failure (cluster-autoscaler's defaults)")
+    backoff_max_s: float = Field(default=1800.0, gt=0, description="longest back-off of a group")
     # Pods younger than this are not acted on, so that one reconcile sees a burst whole (Karpenter batches 1 s).
-    new_pod_delay_s: float = Field(default=0.0, ge=0)
+    new_pod_delay_s: float = Field(default=0.0, ge=0, description="pods pending for less than this are left to the "
+                                   "next reconcile")
 
 
 class ScaleInConfig(_Strict):
-    enabled: bool = True
-    utilization_threshold: float = Field(default=0.5, ge=0, le=1)  # GPU requests / allocatable (CA's GPU threshold)
-    unneeded_s: float = Field(default=600.0, ge=0)
-    delay_after_add_s: float = Field(default=600.0, ge=0)
-    max_drain_s: float = Field(default=600.0, gt=0)  # a drain not done by then is rolled back
-    eviction_retry_s: float = Field(default=5.0, gt=0)
-    max_concurrent_drains: int = Field(default=5, ge=1)
-    max_graceful_termination_s: int = Field(default=600, ge=0)
+    enabled: bool = Field(default=True, description="drain and remove idle GPU nodes")
+    utilization_threshold: float = Field(default=0.5, ge=0, le=1, description="a node whose GPU requests / "
+                                         "allocatable GPUs stay below this is a candidate (CA's GPU threshold)")
+    unneeded_s: float = Field(default=600.0, ge=0, description="how long a node must stay below the threshold")
+    delay_after_add_s: float = Field(default=600.0, ge=0, description="nodes GPU-ready for less than this are not "
+                                     "candidates")
+    max_drain_s: float = Field(default=600.0, gt=0, description="a drain not done by then is rolled back")
+    eviction_retry_s: float = Field(default=5.0, gt=0, description="wait before retrying an eviction a "
+                                    "PodDisruptionBudget refused (429)")
+    max_concurrent_drains: int = Field(default=5, ge=1, description="drains in progress at once")
+    max_graceful_termination_s: int = Field(default=600, ge=0, description="upper bound of an evicted pod's "
+                                            "grace period")
 
 
 class LeaderElectionConfig(_Strict):
-    enabled: bool = True
-    namespace: str = "kube-system"
-    name: str = "gpuaas-nodescaler"
-    lease_duration_s: float = Field(default=15.0, gt=0)
-    renew_deadline_s: float = Field(default=10.0, gt=0)
-    retry_period_s: float = Field(default=2.0, gt=0)
+    enabled: bool = Field(default=True, description="act only while holding the Lease; off: run one replica only")
+    namespace: str = Field(default="kube-system", description="namespace of the Lease")
+    name: str = Field(default="gpuaas-nodescaler", description="name of the Lease")
+    lease_duration_s: float = Field(default=15.0, gt=0, description="a standby takes over this long after it last "
+                                    "saw the Lease renewed")
+    renew_deadline_s: float = Field(default=10.0, gt=0, description="the leader steps down when it could not renew "
+                                    "for this long; below lease_duration_s")
+    retry_period_s: float = Field(default=2.0, gt=0, description="how often candidates try to acquire or renew; "
+                                  "below renew_deadline_s")
 
     @model_validator(mode="after")
     def _order(self) -> "LeaderElectionConfig":
@@ -130,13 +144,15 @@ class LeaderElectionConfig(_Strict):
 
 
 class NodeScalerConfig(_Strict):
-    interval_s: float = Field(default=10.0, gt=0)
-    groups: list[NodeGroupConfig] = Field(min_length=1)
-    scale_out: ScaleOutConfig = ScaleOutConfig()
-    scale_in: ScaleInConfig = ScaleInConfig()
-    leader_election: LeaderElectionConfig = LeaderElectionConfig()
-    provider: str = Field(default="kwok", pattern="^(kwok)$")
-    dry_run: bool = False
+    interval_s: float = Field(default=10.0, gt=0, description="seconds between reconciles (a pod turning "
+                              "unschedulable also triggers one)")
+    groups: list[NodeGroupConfig] = Field(min_length=1, description="the node groups, each name once")
+    scale_out: ScaleOutConfig = Field(default=ScaleOutConfig(), description="adding capacity for pending pods")
+    scale_in: ScaleInConfig = Field(default=ScaleInConfig(), description="removing idle nodes")
+    leader_election: LeaderElectionConfig = Field(default=LeaderElectionConfig(), description="one active replica")
+    provider: str = Field(default="kwok", pattern="^(kwok)$", description="where nodes come from (only the KWOK "
+                          "provider exists)")
+    dry_run: bool = Field(default=False, description="decide and log, never change the cluster")
 
     @model_validator(mode="after")
     def _unique(self) -> "NodeScalerConfig":

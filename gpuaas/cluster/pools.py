@@ -52,23 +52,31 @@ class _Strict(BaseModel):
 
 
 class Taint(_Strict):
-    key: str = Field(min_length=1)
-    value: str = ""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    key: str = Field(min_length=1, description="taint key")
+    value: str = Field("", description="taint value")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(description="what the taint does to pods "
+                                                                           "that do not tolerate it")
 
 
 class Topology(_Strict):
-    nvlink_domain: int | None = Field(default=None, ge=1, alias="nvlinkDomain")
-    numa_node: int | None = Field(default=None, ge=1, alias="numaNode")
+    nvlink_domain: int | None = Field(default=None, ge=1, alias="nvlinkDomain", description="GPUs per NVLink domain; "
+                                      "divides gpu.count; unset: all GPUs in one domain")
+    numa_node: int | None = Field(default=None, ge=1, alias="numaNode", description="GPUs per NUMA node; divides "
+                                  "gpu.count; unset: all GPUs on one NUMA node")
 
 
 class GpuSpec(_Strict):
-    model: str
-    count: int = Field(ge=1, le=16)
-    memory_mib: int | None = Field(default=None, ge=1, alias="memoryMiB")
-    mig: str | dict[str, int] | None = None
-    mig_gpus: int | None = Field(default=None, ge=0, alias="migGPUs")
-    topology: Topology = Topology()
+    model: str = Field(description="GPU model: a catalog name or `nvidia.com/gpu.product` label (listed below)")
+    count: int = Field(ge=1, le=16, description="GPUs per node")
+    memory_mib: int | None = Field(default=None, ge=1, alias="memoryMiB", description="memory per GPU "
+                                   "(`nvidia.com/gpu.memory`); unset: the model's")
+    mig: str | dict[str, int] | None = Field(default=None, description="MIG layout of each MIG-enabled GPU: a "
+                                             "MIG-manager config name (`all-1g.10gb`) or {profile: count}; it must "
+                                             "fit the model; unset: MIG off")
+    mig_gpus: int | None = Field(default=None, ge=0, alias="migGPUs", description="how many of the GPUs have MIG "
+                                 "enabled, at most count; unset: all when mig is set")
+    topology: Topology = Field(default=Topology(), description="NVLink and NUMA grouping of the GPUs (the "
+                               "`gpuaas.io/gpu-topology` annotation)")
 
     @field_validator("model")
     @classmethod
@@ -124,14 +132,14 @@ class GpuSpec(_Strict):
 
 
 class Pool(_Strict):
-    name: str
-    count: int = Field(ge=0, le=5000)
-    gpu: GpuSpec | None = None
-    cpu: str = "64"
-    memory: str = "512Gi"
-    pods: int = Field(default=110, ge=1)
-    labels: dict[str, str] = {}
-    taints: list[Taint] = []
+    name: str = Field(description="DNS label of at most 40 characters; nodes are named <name>-0000, <name>-0001, ...")
+    count: int = Field(ge=0, le=5000, description="nodes in the pool")
+    gpu: GpuSpec | None = Field(default=None, description="the GPUs of each node; unset: a CPU-only pool")
+    cpu: str = Field("64", description="allocatable CPU per node (a Kubernetes quantity)")
+    memory: str = Field("512Gi", description="allocatable memory per node (a Kubernetes quantity)")
+    pods: int = Field(default=110, ge=1, description="allocatable pods per node")
+    labels: dict[str, str] = Field({}, description="extra node labels")
+    taints: list[Taint] = Field([], description="node taints")
 
     @field_validator("name")
     @classmethod
@@ -161,7 +169,7 @@ class Pool(_Strict):
 
 
 class PoolSpec(_Strict):
-    pools: list[Pool] = Field(min_length=1)
+    pools: list[Pool] = Field(min_length=1, description="the node pools, each name once")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "PoolSpec":
