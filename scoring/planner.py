@@ -293,6 +293,9 @@ def _layout_options(model: GpuModel) -> list[dict[str, int]]:
     return valid
 
 
+WHOLE_GPU_CONVERSION_COST = 4  # a whole GPU turned into MIG counts as this many re-layouts of MIG GPUs
+
+
 def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_limit: float = DEFAULT_TIME_LIMIT,
                     max_gpus: int = 256, nodes: Sequence[int] | None = None) -> MigPlan:
     """New layouts for idle MIG-capable GPUs (no allocated instance, no share in use) that serve the most pending MIG
@@ -320,6 +323,8 @@ def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_l
             busy = (insts and any(i[3] for i in insts)) or (not state.mig_enabled[n, g] and state.gpu_left[n, g] < MILLI)
             if not busy:
                 idle.append((n, g, model))
+    # GPUs already in MIG mode first: converting a whole GPU costs a GPU reset and takes it from whole-GPU jobs.
+    idle.sort(key=lambda ngm: not state.mig_enabled[ngm[0], ngm[1]])
     idle = idle[:max_gpus]
     if not need or not idle:
         return MigPlan("optimal", 0.0, 0.0, time.perf_counter() - t0, served={p: demand[p] - need.get(p, 0) for p in demand},
@@ -345,12 +350,12 @@ def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_l
                     # instances gained relative to the free ones the GPU has now
                     gain_terms[p].append((cnt - current.get(p, 0), v))
         m.AddExactlyOne([keep[i], *opts])
-        changes.append(sum(opts) if opts else 0)
+        changes.append((1 if state.mig_enabled[n, g] else WHOLE_GPU_CONVERSION_COST) * sum(opts) if opts else 0)
     served = {}
     for p, n_need in need.items():
         served[p] = m.NewIntVar(0, n_need, f"served_{p}")
         m.Add(served[p] <= sum(c * v for c, v in gain_terms[p])) if gain_terms[p] else m.Add(served[p] == 0)
-    # Serve the most requests, weighted by size (compute slices), then change the fewest GPUs.
+    # Serve the most requests, weighted by size (compute slices), then change the fewest GPUs, whole GPUs last.
     weight = {p: next(mod.mig_profiles[p].compute_slices for _, _, mod in idle if p in mod.mig_profiles)
               if any(p in mod.mig_profiles for _, _, mod in idle) else 1 for p in need}
     m.Maximize(1000 * sum(weight[p] * served[p] for p in need) - sum(changes))

@@ -68,6 +68,19 @@ def test_repartition_serves_pending_mig_requests():
     assert int(s.mig_free[0, :, s.mig_pos["3g.40gb"]].sum()) == 2
 
 
+def test_repartition_prefers_gpus_already_in_mig_mode():
+    # Idle whole-GPU nodes listed first and idle all-1g.10gb nodes: either could serve 6 x 3g.40gb by changing three
+    # GPUs, but turning a whole GPU into MIG takes it from whole-GPU jobs: only MIG GPUs are re-laid out.
+    whole = [NodeSpec(f"w{i}", 128_000, 1_000_000, 8, "A100-80GB") for i in range(4)]
+    mig = [NodeSpec(f"m{i}", 128_000, 1_000_000, 8, "A100-80GB", mig_layouts=({"1g.10gb": 7},) * 8)
+           for i in range(2)]
+    s = ClusterState(whole + mig)
+    pending = [PodDemand(gpus=1, mig_profile="3g.40gb")] * 6
+    plan = repartition_mig(s, pending, time_limit=5)
+    assert plan.served == {"3g.40gb": 6}
+    assert len(plan.layouts) == 3 and {n for n, _ in plan.layouts} <= {4, 5}
+
+
 def test_repartition_skips_busy_gpus():
     spec = NodeSpec("m0", 64_000, 512_000, 1, "H100-80GB", mig_layouts=({"1g.10gb": 7},))
     s = ClusterState([spec])
