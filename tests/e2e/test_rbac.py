@@ -73,14 +73,20 @@ def test_metrics_api_may_delegate_authorization(cluster, as_account):
     assert review.status.allowed is False  # answered (alice has no grant), rather than refused with 403
 
 
-def test_the_hpa_controller_reads_custom_metrics_by_its_bootstrap_role_not_by_ours(cluster):
+@pytest.mark.parametrize("user, groups, role", [
+    # kube-controller-manager --use-service-account-credentials (kubeadm's setting, and the local cluster's)
+    ("system:serviceaccount:kube-system:horizontal-pod-autoscaler",
+     ["system:serviceaccounts", "system:serviceaccounts:kube-system"], "system:controller:horizontal-pod-autoscaler"),
+    # without it, every controller runs as the controller-manager itself
+    ("system:kube-controller-manager", [], "system:kube-controller-manager"),
+])
+def test_the_hpa_controller_reads_custom_metrics_by_its_bootstrap_role_not_by_ours(cluster, user, groups, role):
     review = client.AuthorizationV1Api(cluster.api).create_subject_access_review({
-        "spec": {"user": "system:serviceaccount:kube-system:horizontal-pod-autoscaler",
-                 "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+        "spec": {"user": user, "groups": [*groups, "system:authenticated"],
                  "resourceAttributes": {"group": "custom.metrics.k8s.io", "resource": "pods", "verb": "list",
                                         "namespace": "inference"}}})
     assert review.status.allowed, review.status
-    assert "system:controller:horizontal-pod-autoscaler" in review.status.reason
+    assert f'ClusterRole "{role}"' in review.status.reason
     bindings = [d for d in render(DEPLOY / "overlays" / "all") if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     assert not [d for d in bindings for s in d["subjects"] if s.get("namespace") == "kube-system"]
 
