@@ -83,7 +83,10 @@ class LocalCluster:
         objects = [d for d in yaml.safe_load_all(text) if d and d.get("kind") in RBAC_KINDS]
         if not any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account for d in objects):
             raise ValueError(f"{rbac}: no ServiceAccount {account}")
-        self.control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(objects))
+        for d in objects:  # a RoleBinding may name another namespace (kube-system); the rest go to `namespace`
+            if not d["kind"].startswith("Cluster"):
+                d["metadata"].setdefault("namespace", namespace)
+        self.control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
         token = core.create_namespaced_service_account_token(
             account, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
         config = yaml.safe_load(self.kubeconfig.read_text())

@@ -105,6 +105,20 @@ def test_every_deployment_runs_under_its_own_bound_service_account():
     assert set(used) == accounts == bound
 
 
+# Roles the apiserver creates itself, which a RoleBinding of ours may name.
+BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=lambda p: p.name)
+def test_every_role_binding_names_a_role_in_its_own_namespace(path):
+    """A RoleBinding only grants a Role of its own namespace; kustomize's `namespace:` silently moves bindings."""
+    rendered = render(path)
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered if d["kind"] == "Role"}
+    for binding in (d for d in rendered if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "Role"):
+        ref = (binding["metadata"]["namespace"], binding["roleRef"]["name"])
+        assert ref in roles | BUILT_IN_ROLES, f"RoleBinding {binding['metadata']['name']} names no Role {ref}"
+
+
 def lease_rules(role):
     rules = [r for r in role["rules"] if r["resources"] == ["leases"]]
     return ({v for r in rules if not r.get("resourceNames") for v in r["verbs"]},

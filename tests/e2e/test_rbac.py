@@ -38,7 +38,7 @@ def status_of(call) -> int:
     return 200
 
 
-def test_extender_cannot_delete_pods(cluster, as_account, namespace):
+def test_extender_cannot_delete_pods_nor_change_nodes(cluster, as_account, namespace):
     core = client.CoreV1Api(cluster.api)
     core.create_namespaced_pod(namespace, gpu_pod("victim", namespace, gpus=1))
     extender = client.CoreV1Api(as_account("extender"))
@@ -49,6 +49,11 @@ def test_extender_cannot_delete_pods(cluster, as_account, namespace):
         == 403
     assert core.read_namespaced_pod("victim", namespace).metadata.deletion_timestamp is None
     core.delete_namespaced_pod("victim", namespace, grace_period_seconds=0)  # admin may: the call itself is sound
+    # Nor may it change nodes: it reads them only.
+    node = core.list_node().items[0].metadata.name
+    assert extender.read_node(node).metadata.name == node
+    assert status_of(lambda: extender.patch_node(node, {"metadata": {"labels": {"gpuaas-test": "x"}}})) == 403
+    core.patch_node(node, {"metadata": {"labels": {"gpuaas-test": None}}})
 
 
 @pytest.mark.parametrize("base", ["autoscaler", "custom-metrics-api"])
