@@ -32,10 +32,10 @@ from autoscaler.prom import Prometheus
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.prometheus import PrometheusServer
+from gpuaas.kubeclient import api_client
 from gpuaas.loadgen.replayer import Replayer
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival
-from gpuaas.kubeclient import api_client
 from gpuaas.workloads import gpu_deployment
 from tests.deploy.manifests import DEPLOY, objects
 
