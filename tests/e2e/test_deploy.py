@@ -2,29 +2,35 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client
 
-from extender.schedconfig import kube_scheduler_configuration
+from gpuaas.cluster.components import extender_process
+from gpuaas.cluster.pki import issue_serving_cert
+from gpuaas.cluster.process import free_port, spawn, terminate
+from gpuaas.workloads import gpu_pod
+from scoring.kubeobjects import DEVICES_ANNOTATION
+from tests.deploy.manifests import DEPLOY, NAMESPACE, kustomize_dirs
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+from .kube import pod, pod_phase, wait_for
 
 
-@pytest.mark.parametrize("overlay", ["extender", "second-scheduler"])
+@pytest.mark.parametrize("overlay", kustomize_dirs("overlays"), ids=lambda p: p.name)
 def test_overlay_passes_a_server_side_dry_run(cluster, gpuaas_namespace, overlay):
-    result = cluster.control_plane.kubectl("apply", "--dry-run=server", "-k", str(DEPLOY / overlay), check=False)
+    result = cluster.control_plane.kubectl("apply", "--dry-run=server", "-k", str(overlay), check=False)
     assert result.returncode == 0, result.stderr
     assert "(server dry run)" in result.stdout
+    # gpuaas-system enforces the restricted Pod Security Standard: the apiserver warns of any pod template that
+    # would be refused there.
+    assert "would violate PodSecurity" not in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("path,second", [("extender/scheduler-config.yaml", False),
-                                         ("second-scheduler/scheduler-config.yaml", True)])
-def test_scheduler_configuration_is_what_the_code_generates_and_kube_scheduler_accepts(cluster, tmp_path, path,
-                                                                                         second):
+@pytest.mark.parametrize("path", ["overlays/default-scheduler/scheduler-config.yaml",
+                                  "bases/second-scheduler/scheduler-config.yaml"])
+def test_kube_scheduler_accepts_the_shipped_configuration(cluster, tmp_path, path):
     shipped = yaml.safe_load((DEPLOY / path).read_text())
-    assert shipped == kube_scheduler_configuration(second_scheduler=second)
     # With --config, kube-scheduler takes its kubeconfig from the file only: point a copy at the test cluster, and
     # its extender CA at a file that exists here (kube-scheduler reads it at start).
     local_config = {**shipped, "clientConnection": {"kubeconfig": str(cluster.kubeconfig)}}
@@ -39,3 +45,50 @@ def test_scheduler_configuration_is_what_the_code_generates_and_kube_scheduler_a
     effective = yaml.safe_load(out.read_text())
     assert effective["extenders"][0]["bindVerb"] == "bind"
     assert [p["schedulerName"] for p in effective["profiles"]][-1] == "gpuaas-scheduler"
+
+
+def test_second_scheduler_and_extender_schedule_a_gpu_pod_with_only_their_shipped_rbac(cluster, namespace, tmp_path):
+    """deploy/overlays/second-scheduler, run as processes: the real extender over HTTPS under its ServiceAccount, and
+    a second kube-scheduler with the shipped configuration under its own. A pod asking for gpuaas-scheduler is bound
+    by the extender with its devices recorded, the scheduler holds its Lease, and neither logged a refusal."""
+    cp = cluster.control_plane
+    extender_kc = cluster.service_account_kubeconfig(DEPLOY / "bases" / "extender", "gpuaas-extender")
+    scheduler_kc = cluster.service_account_kubeconfig(DEPLOY / "bases" / "second-scheduler", "gpuaas-scheduler")
+    cert, key = issue_serving_cert(cp.pki, "second-scheduler-extender", "gpuaas-extender")
+    port = free_port()
+    extender = extender_process(tmp_path, extender_kc, port=port, env={
+        "GPUAAS_EXTENDER_TLS__CERT_FILE": str(cert), "GPUAAS_EXTENDER_TLS__KEY_FILE": str(key)})
+    config = yaml.safe_load((DEPLOY / "bases" / "second-scheduler" / "scheduler-config.yaml").read_text())
+    config["clientConnection"] = {"kubeconfig": str(scheduler_kc)}
+    config["extenders"][0]["urlPrefix"] = f"https://127.0.0.1:{port}"  # the Service's name, on loopback
+    config["extenders"][0]["tlsConfig"]["caFile"] = str(cp.pki.ca_cert)
+    (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "logs" / "gpuaas-scheduler.log"
+    coord = client.CoordinationV1Api(cluster.api)
+    scheduler = None
+    try:
+        extender.start()
+        scheduler = spawn([str(cp.tools.kube_scheduler), f"--config={tmp_path / 'scheduler.yaml'}",
+                           f"--authentication-kubeconfig={scheduler_kc}", f"--authorization-kubeconfig={scheduler_kc}",
+                           "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=2"], log)
+        body = gpu_pod("via-gpuaas-scheduler", namespace, gpus=2)
+        body["spec"]["schedulerName"] = "gpuaas-scheduler"
+        client.CoreV1Api(cluster.api).create_namespaced_pod(namespace, body)
+        wait_for(lambda: pod_phase(cluster.api, namespace, "via-gpuaas-scheduler") == "Running", timeout=60,
+                 what="the pod Running")
+        devices = pod(cluster.api, namespace, "via-gpuaas-scheduler").metadata.annotations[DEVICES_ANNOTATION]
+        assert len(set(devices.split(","))) == 2  # bound by the extender
+        lease = coord.read_namespaced_lease("gpuaas-scheduler", NAMESPACE)
+        assert lease.spec.holder_identity
+        refused = [line for line in log.read_text(errors="replace").splitlines() if "forbidden" in line.lower()]
+        refused += [line for line in extender.log.read_text(errors="replace").splitlines() if " 403" in line
+                    or "forbidden" in line.lower()]
+        assert not refused, "\n".join(refused[:10])
+    finally:
+        if scheduler is not None:
+            terminate(scheduler.pid, str(cp.tools.kube_scheduler), popen=scheduler)
+        extender.stop()
+        try:
+            coord.delete_namespaced_lease("gpuaas-scheduler", NAMESPACE)
+        except client.ApiException:
+            pass
