@@ -3,6 +3,7 @@
 #   $GPUAAS_CACHE (default ~/.cache/gpuaas)/venv          Python environment with gpuaas's dependencies
 #   $GPUAAS_CACHE/kube-<version>/                          kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   $GPUAAS_CACHE/kwok-<version>/kwok, etcd-<version>/etcd  built from the Go module proxy
+#   $GPUAAS_CACHE/helm-<version>/helm                       built from the Go module proxy (for deploy/helm)
 #   prometheus                                             Debian package
 # A second run checks stamps and does nothing; it takes about a second.
 set -euo pipefail
@@ -61,6 +62,14 @@ if [ ! -x "$etcd_dir/etcd" ]; then
   mv "$etcd_dir.tmp" "$etcd_dir"
 fi
 
+helm_dir="$CACHE/helm-$HELM_VERSION"
+if [ ! -x "$helm_dir/helm" ]; then
+  log "building helm $HELM_VERSION"
+  rm -rf "$helm_dir.tmp"
+  "$here/build-helm.sh" "$HELM_VERSION" "$helm_dir.tmp" >&2
+  mv "$helm_dir.tmp" "$helm_dir"
+fi
+
 # --- Python -----------------------------------------------------------------------------------------------------
 venv="$CACHE/venv"
 py=${PYTHON:-python3}
@@ -89,6 +98,7 @@ cat > "$CACHE/env" <<ENV
 GPUAAS_KUBE_BIN=$kube_dir
 GPUAAS_KWOK_BIN=$kwok_dir/kwok
 GPUAAS_ETCD_BIN=$etcd_dir/etcd
+GPUAAS_HELM_BIN=$helm_dir/helm
 GPUAAS_PROMETHEUS_BIN=$(command -v prometheus)
 GPUAAS_VENV=$venv
 ENV
