@@ -9,6 +9,7 @@ from kubernetes.client.rest import ApiException
 
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.pools import parse_pool_spec
+from tests.deploy.manifests import DEPLOY
 
 # Small, but with every kind of node the tests need: whole-GPU A100 and H100 nodes, and a MIG pool.
 E2E_POOLS = {
@@ -52,9 +53,12 @@ def namespace(cluster):
 
 @pytest.fixture
 def gpuaas_namespace(cluster):
-    """The namespace deploy/ installs into, for server-side dry runs of its overlays."""
+    """The namespaces deploy/'s overlays install into, for server-side dry runs (a dry run creates nothing, so the
+    objects inside a namespace the overlay creates would not find it). gpuaas-system is applied from deploy/ for
+    real, with its Pod Security label; monitoring stands for the namespace of the user's Prometheus and Grafana."""
+    cluster.control_plane.kubectl("apply", "-k", str(DEPLOY / "bases" / "namespace"))
     try:
-        client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": "gpuaas-system"}})
+        client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": "monitoring"}})
     except ApiException as err:
         if err.status != 409:
             raise

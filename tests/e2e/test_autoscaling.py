@@ -6,6 +6,9 @@ pods of a Deployment in the session's KWOK cluster.
 (b) a stock autoscaling/v2 HPA reads our custom.metrics.k8s.io API (registered by APIServices, reached through an
     ExternalName Service on loopback) and scales up and down; `kubectl get --raw` returns a MetricValueList.
 
+The controller and the metrics API run with tokens of the ServiceAccounts deploy/bases/autoscaler and
+deploy/bases/custom-metrics-api grant (the test itself creates its fixtures as admin).
+
 Time is compressed so the suite stays fast: 1 s scrapes, 3 s cold start, second-scale rate windows; the HPA keeps the
 controller-manager's default 15 s sync, with a 0 s scale-down stabilization window set on the HPA object.
 """
@@ -32,11 +35,15 @@ from gpuaas.cluster.prometheus import PrometheusServer
 from gpuaas.loadgen.replayer import Replayer
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival
+from gpuaas.kubeclient import api_client
 from gpuaas.workloads import gpu_deployment
+from tests.deploy.manifests import DEPLOY, objects
 
 from .kube import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+AUTOSCALER = DEPLOY / "bases" / "autoscaler"
+METRICS_API = DEPLOY / "bases" / "custom-metrics-api"
 MODEL = ServiceModel(cold_start_s=3.0, scrape_interval_s=1.0)
 
 
@@ -48,6 +55,25 @@ def burst(quiet_s: float, burst_s: float, tail_s: float, rate: float, quiet_rate
             out.append(Arrival(t, 5000, 20))
             t += 1.0 / r
     return out
+
+
+@pytest.fixture(scope="module")
+def autoscaler_kubeconfig(cluster):
+    return cluster.service_account_kubeconfig(AUTOSCALER, "gpuaas-autoscaler")
+
+
+@pytest.fixture(scope="module")
+def autoscaler_api(autoscaler_kubeconfig):
+    api = api_client(autoscaler_kubeconfig)
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="module")
+def metrics_api_api(cluster):
+    api = api_client(cluster.service_account_kubeconfig(METRICS_API, "gpuaas-custom-metrics"))
+    yield api
+    api.close()
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +110,18 @@ def controller_config(ns: str, url: str, **target) -> AutoscalerConfig:
                      **target}]})
 
 
-def test_bad_query_refused_at_start(cluster, prometheus, namespace):
+def test_bad_query_refused_at_start(autoscaler_api, prometheus, namespace):
     config = controller_config(namespace, prometheus.url, queries={"arrival_rate": "sum(rate(x[1m])"})
-    controller = Controller(config, Prometheus(prometheus.url), KubeTargets(cluster.api))
+    controller = Controller(config, Prometheus(prometheus.url), KubeTargets(autoscaler_api))
     with pytest.raises(ConfigError, match=r"query arrival_rate: Prometheus rejected the query .*parse error"):
         controller.validate()
     down = Controller(controller_config(namespace, f"http://127.0.0.1:{free_port()}"),
-                      Prometheus(f"http://127.0.0.1:{free_port()}"), KubeTargets(cluster.api))
+                      Prometheus(f"http://127.0.0.1:{free_port()}"), KubeTargets(autoscaler_api))
     with pytest.raises(ConfigError, match="cannot reach Prometheus"):
         down.validate()
 
 
-def test_autoscaler_command_once_dry_run(cluster, prometheus, namespace, tmp_path):
+def test_autoscaler_command_once_dry_run(cluster, autoscaler_kubeconfig, prometheus, namespace, tmp_path):
     """`gpuaas autoscaler --once --dry-run` against the cluster: decides, records a DryRun event, changes nothing."""
     import subprocess
     import sys
@@ -106,7 +132,7 @@ def test_autoscaler_command_once_dry_run(cluster, prometheus, namespace, tmp_pat
     config.write_text(yaml.safe_dump({"prometheus": {"url": prometheus.url, "timeout_s": 2}, "targets": [
         {"deployment": "llm", "namespace": namespace, "min_replicas": 1, "max_replicas": 4}]}))
     out = subprocess.run([sys.executable, "-m", "gpuaas.cli", "autoscaler", "--config", str(config), "--kubeconfig",
-                          str(cluster.kubeconfig), "--once", "--dry-run"], capture_output=True, text=True,
+                          str(autoscaler_kubeconfig), "--once", "--dry-run"], capture_output=True, text=True,
                          cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert out.returncode == 0, out.stderr
     # No load at all: the arrival rate is 0, one replica would do, but nothing scrapes this Deployment's pods, so
@@ -117,14 +143,15 @@ def test_autoscaler_command_once_dry_run(cluster, prometheus, namespace, tmp_pat
     assert "MetricsUnavailable" in reasons
 
 
-def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, prometheus, prom_ports, namespace):
+def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, autoscaler_api, prometheus, prom_ports,
+                                                                  namespace):
     api = cluster.api
     client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
     # 30 req/s x 2 s = 60 busy slots: 8 replicas' worth (8 slots each); before and after, 0.5 req/s needs one.
     trace = burst(quiet_s=8, burst_s=25, tail_s=300, rate=30)
     replayer = Replayer(api, namespace, "llm", trace, model=MODEL, port=prom_ports[0], poll_s=0.25).start()
     config = controller_config(namespace, prometheus.url)
-    controller = Controller(config, Prometheus(prometheus.url, timeout_s=1), KubeTargets(api))
+    controller = Controller(config, Prometheus(prometheus.url, timeout_s=1), KubeTargets(autoscaler_api))
     controller.validate()
     stop = threading.Event()
     loop = threading.Thread(target=controller.run, args=(stop,), daemon=True)
@@ -168,14 +195,14 @@ def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, promet
 
 
 @pytest.fixture
-def metrics_api(cluster, prometheus, namespace):
+def metrics_api(cluster, metrics_api_api, prometheus, namespace):
     """Our custom.metrics.k8s.io server on loopback, registered for v1beta1 and v1beta2."""
     pki = cluster.control_plane.pki
     service = "gpuaas-custom-metrics"
     cert, key = issue_serving_cert(pki, "custom-metrics", "gpuaas-custom-metrics",
                                    names=(f"{service}.{namespace}.svc", "localhost"), ips=("127.0.0.1",))
     config = parse(MetricsApiConfig, {"prometheus": {"url": prometheus.url, "timeout_s": 2}})
-    backend = Backend(config, Prometheus(prometheus.url, timeout_s=2), KubePods(cluster.api))
+    backend = Backend(config, Prometheus(prometheus.url, timeout_s=2), KubePods(metrics_api_api))
     server = MetricsApiServer(init_app(backend, config.allowed_client_names), host="127.0.0.1", port=0,
                               ssl_context=server_ssl_context(str(cert), str(key), str(pki.front_proxy_ca_cert)))
     server.start()
@@ -188,15 +215,14 @@ def metrics_api(cluster, prometheus, namespace):
     reg = client.ApiregistrationV1Api(cluster.api)
     ca = base64.b64encode(Path(pki.ca_cert).read_bytes()).decode()
     names = []
-    # The APIServices of deploy/custom-metrics-api.yaml, pointed at this test's Service.
-    for doc in yaml.safe_load_all((REPO / "deploy" / "custom-metrics-api.yaml").read_text()):
-        if doc and doc["kind"] == "APIService":
-            assert doc["spec"]["service"]["name"] == service
-            doc["spec"]["service"]["namespace"] = namespace
-            doc["spec"]["service"]["port"] = server.port
-            doc["spec"]["caBundle"] = ca
-            reg.create_api_service(doc)
-            names.append(doc["metadata"]["name"])
+    # The APIServices deploy/ ships, pointed at this test's Service.
+    for doc in objects(METRICS_API, "APIService"):
+        assert doc["spec"]["service"]["name"] == service
+        doc["spec"]["service"]["namespace"] = namespace
+        doc["spec"]["service"]["port"] = server.port
+        doc["spec"]["caBundle"] = ca
+        reg.create_api_service(doc)
+        names.append(doc["metadata"]["name"])
     assert sorted(names) == ["v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io"]
 
     def available():

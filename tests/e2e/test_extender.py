@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -17,10 +16,10 @@ from gpuaas.kubeclient import api_client
 from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_pod
 from scoring.kubeobjects import DEVICES_ANNOTATION
+from tests.deploy.manifests import DEPLOY
 
 from .kube import pod, pod_events, pod_phase, wait_for
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 POOLS = {"pools": [
     {"name": "a100", "count": 4, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
     {"name": "h100", "count": 2, "gpu": {"model": "H100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
@@ -38,8 +37,8 @@ def gpu_cluster(tmp_path_factory):
     extender = None
     try:
         cluster.up(parse_pool_spec(POOLS))
-        # The extender runs with exactly the permissions deploy/extender grants it.
-        sa_kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "extender" / "rbac.yaml", "gpuaas-extender")
+        # The extender runs with exactly the permissions deploy/bases/extender grants it.
+        sa_kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "bases" / "extender", "gpuaas-extender")
         extender = extender_process(workdir, sa_kubeconfig, port=port)
         extender.start()
         cluster.extender_kubeconfig = sa_kubeconfig

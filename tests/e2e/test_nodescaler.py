@@ -21,6 +21,7 @@ from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_deployment, gpu_pod
 from scoring.kubeobjects import POOL_LABEL
+from tests.deploy.manifests import DEPLOY
 from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch, failed_scheduling_times, fifo_latencies
 
 from .kube import wait_for
@@ -31,7 +32,6 @@ POOLS = {"pools": [
      "memory": "1Ti"},
 ]}
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nodescaler"
 
 
 def config(**over) -> dict:
@@ -69,22 +69,6 @@ def get(proc: ComponentProcess, path: str) -> str:
         return resp.read().decode()
 
 
-def service_account_kubeconfig(cluster: LocalCluster, workdir: Path) -> Path:
-    """A kubeconfig holding a token of the ServiceAccount deploy/nodescaler/rbac.yaml grants: every nodescaler in these
-    tests runs with exactly the permissions shipped."""
-    core = client.CoreV1Api(cluster.api)
-    core.create_namespace({"metadata": {"name": "gpuaas-system"}})
-    result = cluster.control_plane.kubectl("apply", "-n", "gpuaas-system", "-f", str(DEPLOY / "rbac.yaml"), check=False)
-    assert result.returncode == 0, result.stderr
-    token = core.create_namespaced_service_account_token(
-        "gpuaas-nodescaler", "gpuaas-system", {"spec": {"expirationSeconds": 7200}}).status.token
-    kc = yaml.safe_load(cluster.kubeconfig.read_text())
-    kc["users"] = [{"name": u["name"], "user": {"token": token}} for u in kc["users"]]
-    path = workdir / "nodescaler-sa.kubeconfig"
-    path.write_text(yaml.safe_dump(kc))
-    return path
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("nodescaler")
@@ -92,7 +76,9 @@ def env(tmp_path_factory):
     agent = None
     try:
         cluster.up(parse_pool_spec(POOLS))
-        cluster.sa_kubeconfig = service_account_kubeconfig(cluster, workdir)
+        # Every nodescaler in these tests runs with exactly the permissions deploy/bases/nodescaler grants.
+        cluster.sa_kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "bases" / "nodescaler",
+                                                                   "gpuaas-nodescaler")
         agent = FakeNodeAgent(cluster.api).start()
         yield cluster, workdir, agent
     finally:
