@@ -27,9 +27,11 @@ from .tools import Tools
 
 class PrometheusServer:
     def __init__(self, workdir: Path, *, targets: list[str], scrape_interval: str = "15s",
-                 tools: Tools | None = None, job: str = "gpuaas-loadgen", owned: bool = True):
+                 tools: Tools | None = None, job: str = "gpuaas-loadgen", owned: bool = True,
+                 scrape_configs: list[dict] | None = None):
         self.workdir = Path(workdir).resolve()
         self.targets = targets
+        self.scrape_configs = list(scrape_configs or [])  # more jobs, as they stand in prometheus.yml
         self.scrape_interval = scrape_interval
         self.job = job
         self.owned = owned
@@ -54,16 +56,17 @@ class PrometheusServer:
         return self.workdir / "prometheus.yml"
 
     def write_config(self) -> Path:
+        jobs = [{
+            "job_name": self.job,
+            "scrape_interval": self.scrape_interval,
+            "scrape_timeout": self.scrape_interval if self._seconds(self.scrape_interval) < 10 else "10s",
+            # The replayer exports one series per pod with the pod's own namespace and pod labels: keep them.
+            "honor_labels": True,
+            "static_configs": [{"targets": list(self.targets)}],
+        }] if self.targets else []
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
-            "scrape_configs": [{
-                "job_name": self.job,
-                "scrape_interval": self.scrape_interval,
-                "scrape_timeout": self.scrape_interval if self._seconds(self.scrape_interval) < 10 else "10s",
-                # The replayer exports one series per pod with the pod's own namespace and pod labels: keep them.
-                "honor_labels": True,
-                "static_configs": [{"targets": list(self.targets)}],
-            }],
+            "scrape_configs": jobs + self.scrape_configs,
         }
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
