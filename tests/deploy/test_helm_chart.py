@@ -219,3 +219,20 @@ def test_metrics_api_certificates_and_apiservice_annotations():
     services = [o for o in objs if o["kind"] == "APIService"]
     assert len(services) == 2
     assert all(s["spec"]["caBundle"] == "Q0E=" and s["metadata"]["annotations"] == inject for s in services)
+
+
+def value_paths(values: dict, prefix: str = "") -> list[str]:
+    """The values a user sets, down to the maps that are passed through whole (configs, resources, ...)."""
+    out = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        passed_through = key in ("config", "resources", "nodeSelector", "tolerations", "annotations")
+        out += value_paths(value, path + ".") if isinstance(value, dict) and not passed_through else [path]
+    return out
+
+
+def test_the_readme_documents_every_value():
+    readme = (CHART / "README.md").read_text()
+    paths = value_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
+    assert len(paths) > 30
+    assert [p for p in paths if f"`{p}`" not in readme] == []
