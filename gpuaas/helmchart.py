@@ -98,10 +98,6 @@ class Holes:
         """A mapping value: the YAML text `expr` gives, on the lines below the key."""
         return self._new("block", expr)
 
-    def text(self, expr: str) -> str:
-        """A literal block scalar (`key: |`) holding the text `expr` gives."""
-        return self._new("text", expr)
-
     def optional(self, expr: str) -> str:
         """A key present only when `expr` is set, with the YAML of its value."""
         return self._new("optional", expr)
@@ -117,11 +113,11 @@ class Holes:
             kind, expr = self.kinds.get(m.group(3), ("inline", "")) if m else ("inline", "")
             if m and kind != "inline":
                 ind, key = m.group(1), m.group(2)
+                if key.startswith("- "):
+                    raise ValueError(f"hole {key}: the first key of a list item cannot take a block")
                 n = len(ind) + 2
                 if kind == "block":
                     out += [f"{ind}{key}:", f"{ind}  {{{{- {expr} | nindent {n} }}}}"]
-                elif kind == "text":
-                    out += [f"{ind}{key}: |", f"{ind}  {{{{- {expr} | nindent {n} }}}}"]
                 elif kind == "optional":
                     out += [f"{ind}{{{{- with {expr} }}}}", f"{ind}{key}:",
                             f"{ind}  {{{{- toYaml . | nindent {n} }}}}", f"{ind}{{{{- end }}}}"]
@@ -179,7 +175,7 @@ def strip_hash_suffixes(objects: list[dict[str, Any]], names: list[str]) -> list
     return [_walk_strings(obj, lambda s: hashed.get(s, s)) for obj in objects]
 
 
-def component_template(component: Component, objects: list[dict[str, Any]], configmaps: list[str]) -> Rendered:
+def component_template(component: Component, objects: list[dict[str, Any]]) -> Rendered:
     """The template of one base from its rendered objects (hash suffixes already stripped); pure."""
     holes = Holes()
     v = f".Values.{component.values}"
@@ -196,7 +192,7 @@ def component_template(component: Component, objects: list[dict[str, Any]], conf
         for expr, (on_kind, key) in component.metadata.items():
             if kind == on_kind:
                 if key in meta:
-                    raise ValueError(f"{component.base}: {kind} {meta['name']} has {key} already; a value cannot add them")
+                    raise ValueError(f"{component.base}: {kind} {meta['name']} has {key}; a value cannot add them")
                 meta[key] = holes.optional(expr)
         for path, expr in component.scalars.get(kind, {}).items():
             _set_path(obj, path, holes.inline(expr))
@@ -243,8 +239,9 @@ def component_template(component: Component, objects: list[dict[str, Any]], conf
             pod["spec"]["tolerations"] = holes.optional(f"{v}.tolerations")
         text = yaml.safe_dump(obj, sort_keys=False, width=1000)
         docs.append(holes.fill(_escape_braces(text)))
-    for name in set(component.data) - set(data_includes):
-        raise ValueError(f"{component.base} renders no ConfigMap {name}")
+    missing = set(component.data) - set(data_includes)
+    if missing:
+        raise ValueError(f"{component.base} renders no ConfigMap {', '.join(sorted(missing))}")
     header = (f"{GENERATED} from deploy/bases/{component.base}: do not edit.\n"
               f"# Comments on what each object is for are there.\n")
     body = "".join(f"---\n{d}" for d in docs)
@@ -258,7 +255,7 @@ def component_template(component: Component, objects: list[dict[str, Any]], conf
     return Rendered(template, files)
 
 
-# ---- values.yaml: regions that hold a base's file ---------------------------------------------------------------------
+# ---- values.yaml: regions that hold a base's file -------------------------------------------------------------------
 REGION = re.compile(r"^(?P<ind>[ \t]*)# >>> generated from (?P<path>\S+)[^\n]*\n(?P<body>.*?)^(?P=ind)# <<<[^\n]*\n",
                     re.M | re.S)
 
@@ -294,7 +291,7 @@ def generate(kubectl: Path | None = None) -> dict[Path, str]:
         path = DEPLOY / "bases" / component.base
         names = generated_configmap_names(yaml.safe_load((path / "kustomization.yaml").read_text()))
         objects = strip_hash_suffixes(kustomize(path, kubectl), names)
-        rendered = component_template(component, objects, names)
+        rendered = component_template(component, objects)
         out[CHART / "templates" / f"{component.base}.yaml"] = rendered.template
         out.update({CHART / p: text for p, text in rendered.files.items()})
     values = CHART / "values.yaml"

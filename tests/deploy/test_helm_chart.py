@@ -4,13 +4,13 @@ is in tests/e2e/test_helm.py."""
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 
 import pytest
 import yaml
 
-from gpuaas.helmchart import CHART, COMPONENTS, generate, generated_configmap_names, stale
+from gpuaas.helmchart import (CHART, COMPONENTS, Component, component_template, generate, generated_configmap_names,
+                              stale, strip_hash_suffixes)
 
 from .chart import helm, template, template_text
 from .manifests import DEPLOY, NAMESPACE, REPO, kustomize_dirs, render
@@ -40,15 +40,7 @@ def identity(obj) -> tuple:
 def normalized_kustomize(objs) -> dict[tuple, dict]:
     """kustomize's output without the content hashes in generated ConfigMap names (the chart rolls pods with a
     checksum annotation instead), with config files parsed (the chart writes them from values)."""
-    hashed = {}
-    for obj in objs:
-        for name in GENERATED_CONFIGMAPS:
-            if obj["kind"] == "ConfigMap" and re.fullmatch(re.escape(name) + r"-[a-z0-9]{10}", obj["metadata"]["name"]):
-                hashed[obj["metadata"]["name"]] = name
-    text = yaml.safe_dump_all(objs)
-    for old, new in hashed.items():
-        text = text.replace(old, new)
-    return {identity(o): _parsed_data(o) for o in yaml.safe_load_all(text)}
+    return {identity(o): _parsed_data(o) for o in strip_hash_suffixes(objs, GENERATED_CONFIGMAPS)}
 
 
 def normalized_chart(objs) -> dict[tuple, dict]:
@@ -236,3 +228,18 @@ def test_the_readme_documents_every_value():
     paths = value_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
     assert len(paths) > 30
     assert [p for p in paths if f"`{p}`" not in readme] == []
+
+
+def test_literal_braces_in_a_base_survive_the_template(tmp_path):
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "s", "namespace": NAMESPACE, "annotations": {"note": "{{ not an action }}"}},
+               "spec": {"ports": [{"port": 80}]}}
+    chart = tmp_path / "chart"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: t\nversion: 0.1.0\n")
+    (chart / "values.yaml").write_text("t: {enabled: true}\n")
+    (chart / "templates" / "t.yaml").write_text(component_template(Component("t", "t"), [service]).template)
+    out = helm("template", "t", str(chart), "--namespace", "elsewhere").stdout
+    [rendered] = [d for d in yaml.safe_load_all(out) if d]
+    assert rendered["metadata"] == {"name": "s", "namespace": "elsewhere",
+                                    "annotations": {"note": "{{ not an action }}"}}

@@ -1,4 +1,5 @@
-"""What the Helm chart renders is accepted by the real apiserver: `helm template | kubectl apply --dry-run=server -f -`."""
+"""What the Helm chart renders is accepted by the real apiserver:
+`helm template | kubectl apply --dry-run=server -f -`."""
 from __future__ import annotations
 
 import pytest
