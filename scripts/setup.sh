@@ -3,6 +3,7 @@
 #   $GPUAAS_CACHE (default ~/.cache/gpuaas)/venv          Python environment with gpuaas's dependencies
 #   $GPUAAS_CACHE/kube-<version>/                          kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   $GPUAAS_CACHE/kwok-<version>/kwok, etcd-<version>/etcd  built from the Go module proxy
+#   $GPUAAS_CACHE/helm-<version>/helm                       built from the Go module proxy (for deploy/helm)
 #   prometheus                                             Debian package
 # A second run checks stamps and does nothing; it takes about a second.
 set -euo pipefail
@@ -34,13 +35,22 @@ fi
 command -v go >/dev/null || { echo "setup: Go is required (the Kubernetes binaries are built from the Go module proxy)" >&2; exit 1; }
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
+# build_once DIR BINARY WHAT SCRIPT VERSION: unless DIR/BINARY exists, run `SCRIPT VERSION DIR.tmp` and move the
+# result into place, so an interrupted build never leaves a directory that looks complete.
+build_once() {
+  local dir=$1 binary=$2 what=$3 script=$4 version=$5
+  if [ ! -x "$dir/$binary" ]; then
+    log "building $what"
+    rm -rf "$dir.tmp"
+    "$script" "$version" "$dir.tmp" >&2
+    mv "$dir.tmp" "$dir"
+  fi
+}
+
 kube_dir="$CACHE/kube-$KUBE_VERSION"
-if [ ! -x "$kube_dir/kubectl" ]; then
-  log "building Kubernetes v$KUBE_VERSION from k8s.io/kubernetes (first run only: 10-25 minutes on 2 cores)"
-  rm -rf "$kube_dir.tmp"
-  "$here/build-kube.sh" "$KUBE_VERSION" "$kube_dir.tmp" >&2
-  mv "$kube_dir.tmp" "$kube_dir"
-fi
+build_once "$kube_dir" kubectl \
+  "Kubernetes v$KUBE_VERSION from k8s.io/kubernetes (first run only: 10-25 minutes on 2 cores)" \
+  "$here/build-kube.sh" "$KUBE_VERSION"
 
 kwok_dir="$CACHE/kwok-$KWOK_VERSION"
 if [ ! -x "$kwok_dir/kwok" ]; then
@@ -54,12 +64,10 @@ if [ ! -x "$kwok_dir/kwok" ]; then
 fi
 
 etcd_dir="$CACHE/etcd-$ETCD_VERSION"
-if [ ! -x "$etcd_dir/etcd" ]; then
-  log "building etcd $ETCD_VERSION"
-  rm -rf "$etcd_dir.tmp"
-  "$here/build-etcd.sh" "$ETCD_VERSION" "$etcd_dir.tmp" >&2
-  mv "$etcd_dir.tmp" "$etcd_dir"
-fi
+build_once "$etcd_dir" etcd "etcd $ETCD_VERSION" "$here/build-etcd.sh" "$ETCD_VERSION"
+
+helm_dir="$CACHE/helm-$HELM_VERSION"
+build_once "$helm_dir" helm "helm $HELM_VERSION" "$here/build-helm.sh" "$HELM_VERSION"
 
 # --- Python -----------------------------------------------------------------------------------------------------
 venv="$CACHE/venv"
@@ -89,6 +97,7 @@ cat > "$CACHE/env" <<ENV
 GPUAAS_KUBE_BIN=$kube_dir
 GPUAAS_KWOK_BIN=$kwok_dir/kwok
 GPUAAS_ETCD_BIN=$etcd_dir/etcd
+GPUAAS_HELM_BIN=$helm_dir/helm
 GPUAAS_PROMETHEUS_BIN=$(command -v prometheus)
 GPUAAS_VENV=$venv
 ENV

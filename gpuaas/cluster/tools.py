@@ -26,6 +26,7 @@ class Tools:
     kwok_stages: Path
     etcd: Path
     prometheus: Path | None
+    helm: Path | None  # for the chart in deploy/helm only; the control plane runs without it
 
     @classmethod
     def locate(cls) -> "Tools":
@@ -39,6 +40,7 @@ class Tools:
         kube = Path(env["GPUAAS_KUBE_BIN"])
         kwok = Path(env["GPUAAS_KWOK_BIN"])
         prom = env.get("GPUAAS_PROMETHEUS_BIN") or shutil.which("prometheus")
+        helm = env.get("GPUAAS_HELM_BIN") or shutil.which("helm")
         tools = cls(
             kube_apiserver=kube / "kube-apiserver",
             kube_controller_manager=kube / "kube-controller-manager",
@@ -48,6 +50,7 @@ class Tools:
             kwok_stages=kwok.parent / "stage",
             etcd=Path(env["GPUAAS_ETCD_BIN"]),
             prometheus=Path(prom) if prom else None,
+            helm=Path(helm) if helm else None,
         )
         for name in ("kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok", "etcd"):
             path = getattr(tools, name)
