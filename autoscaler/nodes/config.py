@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
 from gpuaas.config import ConfigError, load_config
+from gpuaas.leader import LeaderElectionConfig as LeaseConfig
 from scoring.model import NodeSpec
 
 ENV_PREFIX = "GPUAAS_NODESCALER_"
@@ -114,19 +115,9 @@ class ScaleInConfig(_Strict):
     max_graceful_termination_s: int = Field(default=600, ge=0)
 
 
-class LeaderElectionConfig(_Strict):
-    enabled: bool = True
-    namespace: str = "kube-system"
+class LeaderElectionConfig(LeaseConfig):
+    namespace: str | None = "kube-system"  # None: the namespace the nodescaler runs in
     name: str = "gpuaas-nodescaler"
-    lease_duration_s: float = Field(default=15.0, gt=0)
-    renew_deadline_s: float = Field(default=10.0, gt=0)
-    retry_period_s: float = Field(default=2.0, gt=0)
-
-    @model_validator(mode="after")
-    def _order(self) -> "LeaderElectionConfig":
-        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
-            raise ValueError("leader election needs retry_period_s < renew_deadline_s < lease_duration_s")
-        return self
 
 
 class NodeScalerConfig(_Strict):
