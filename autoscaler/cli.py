@@ -16,7 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="YAML config (autoscaler/config.py documents the fields)")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--dry-run", action="store_true", help="decide and record events, never change a replica count")
-    p.add_argument("--once", action="store_true", help="one sync of every target, then exit")
+    p.add_argument("--once", action="store_true",
+                   help="one sync of every target, then exit (only if the leader-election Lease is free or ours)")
+    p.add_argument("--identity", help="leader-election identity (default: $POD_NAME or hostname, plus a random suffix)")
+    p.add_argument("--host", default="0.0.0.0", help="address of /healthz, /readyz, /leader")
+    p.add_argument("--port", type=int, default=8091)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_autoscaler)
 
@@ -55,7 +59,7 @@ def _stop_on_signals() -> threading.Event:
 
 def cmd_autoscaler(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_autoscaler_config
-    from .controller import build
+    from .service import AutoscalerService
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -63,15 +67,25 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
         config = load_autoscaler_config(args.config)
         if args.dry_run:
             config = config.model_copy(update={"dry_run": True})
-        controller = build(config, args.kubeconfig)
+        service = AutoscalerService(config, args.kubeconfig, identity=args.identity)
     except ConfigError as exc:
         print(f"gpuaas autoscaler: refusing to start:\n{exc}", file=sys.stderr)
         return 2
     if args.once:
-        for key, d in controller.sync_once().items():
-            print(f"{key}: {d.desired} ({d.reason}) {d.message}")
+        elector = service.elector
+        if elector is not None and not elector.try_acquire_or_renew():
+            holder = elector.observed.holder if elector.observed else None
+            print(f"gpuaas autoscaler: lease {elector.namespace}/{elector.name} is held by {holder}: another replica "
+                  "is scaling these targets; not syncing", file=sys.stderr)
+            return 1
+        try:
+            for key, d in service.controller.sync_once().items():
+                print(f"{key}: {d.desired} ({d.reason}) {d.message}")
+        finally:
+            if elector is not None:
+                elector.release()
         return 0
-    controller.run(_stop_on_signals())
+    service.run(_stop_on_signals(), host=args.host, port=args.port)
     return 0
 
 

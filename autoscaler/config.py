@@ -4,6 +4,7 @@ field). A YAML file:
     prometheus: {url: http://prometheus:9090, timeout_s: 5}
     interval_s: 15
     dry_run: false
+    leader_election: {name: gpuaas-autoscaler}   # Lease in the pod's namespace; see gpuaas/leader.py for the timings
     targets:
       - deployment: llm            # scaled through its scale subresource
         namespace: inference
@@ -25,6 +26,8 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuaas.leader import LeaderElectionConfig
 
 from .policy import QueueDepthConfig
 
@@ -144,10 +147,15 @@ class Target(Strict):
                                 default_service_time_s=self.default_service_time_s, sync_period_s=sync_period_s)
 
 
+class AutoscalerLeaderElection(LeaderElectionConfig):
+    name: str = "gpuaas-autoscaler"  # namespace None: the namespace the autoscaler runs in
+
+
 class AutoscalerConfig(Strict):
     prometheus: PrometheusConfig = PrometheusConfig()
     interval_s: float = Field(15.0, gt=0)
     dry_run: bool = False
+    leader_election: AutoscalerLeaderElection = AutoscalerLeaderElection()
     targets: list[Target] = Field(min_length=1)
 
     @model_validator(mode="after")
