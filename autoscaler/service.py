@@ -38,7 +38,8 @@ class AutoscalerService:
 
     def status(self) -> dict:
         return {"identity": self.elector.identity if self.elector else None, "leader": self.is_leader(),
-                "syncs": self.controller.syncs_acting, "acquired_at": self.elector.acquired_at if self.elector else None,
+                "syncs": self.controller.syncs, "syncs_as_leader": self.controller.syncs_acting,
+                "acquired_at": self.elector.acquired_at if self.elector else None,
                 "first_sync_at": self.controller.first_acting_sync_at}
 
     def http_server(self, host: str, port: int) -> ThreadingHTTPServer:

@@ -47,6 +47,7 @@ class Service:
         self.informers: list[Informer] = []
         self.reconciles = 0
         self.first_reconcile_at: float | None = None  # wall time of the first reconcile since this replica led
+        self._new_leader = False  # the trigger was set by winning the lease: reconcile without the batching pause
         self._event_loop: asyncio.AbstractEventLoop | None = None
 
     def is_leader(self) -> bool:
@@ -57,6 +58,7 @@ class Service:
         self.metrics.leader.set(1 if leader else 0)
         self.first_reconcile_at = None
         if leader and self._event_loop is not None:
+            self._new_leader = True
             self._event_loop.call_soon_threadsafe(self.trigger.set)
 
     @staticmethod
@@ -92,9 +94,11 @@ class Service:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self.trigger.wait(), timeout=self.config.interval_s)
-                await asyncio.sleep(BATCH_S)  # let the rest of a burst arrive
+                if not self._new_leader:
+                    await asyncio.sleep(BATCH_S)  # let the rest of a burst arrive
             except asyncio.TimeoutError:
                 pass
+            self._new_leader = False
             self.trigger.clear()
             if not self.is_leader():
                 continue

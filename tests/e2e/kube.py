@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, TypeVar
 
+import yaml
 from kubernetes import client
 
 T = TypeVar("T")
@@ -32,3 +33,29 @@ def pod_events(api: client.ApiClient, namespace: str, name: str) -> list[client.
 
 def pod_phase(api: client.ApiClient, namespace: str, name: str) -> str:
     return pod(api, namespace, name).status.phase
+
+
+def rbac_manifest(account: str, namespace: str, *, cluster_rules: list[dict] = (),
+                  namespace_rules: list[dict] = ()) -> str:
+    """ServiceAccount `account` in `namespace` bound to exactly these rules: `cluster_rules` through a ClusterRole,
+    `namespace_rules` through a Role in `namespace` (for LocalCluster.service_account_kubeconfig)."""
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    docs: list[dict] = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}]
+    for kind, rules in (("ClusterRole", cluster_rules), ("Role", namespace_rules)):
+        if not rules:
+            continue
+        name = f"{namespace}-{account}"
+        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+                     "rules": list(rules)})
+        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
+                     "metadata": {"name": name}, "subjects": subject,
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}})
+    return yaml.safe_dump_all(docs)
+
+
+def lease_rules(name: str, *, watch: bool = True) -> list[dict]:
+    """What gpuaas.leader needs on its Lease: create it, get and update it by name, and (for a standby that sees each
+    renewal as it happens) list and watch it by name."""
+    verbs = ["get", "update"] + (["list", "watch"] if watch else [])
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name], "verbs": verbs}]
