@@ -26,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     m = subparsers.add_parser("metrics-api", help="serve custom.metrics.k8s.io (queue depth) to the HPA",
                               description="An aggregated API server for custom.metrics.k8s.io v1beta1/v1beta2.")
-    m.add_argument("--config", help="YAML (prometheus, metrics, allowed_client_names); default: queue_depth from "
-                                     "vllm:num_requests_waiting on http://127.0.0.1:9090")
+    m.add_argument("--config", help="YAML (prometheus, metrics, allowed_client_names, authorization); default: "
+                                     "queue_depth from vllm:num_requests_waiting on http://127.0.0.1:9090, "
+                                     "SubjectAccessReview of every user")
     m.add_argument("--kubeconfig")
     m.add_argument("--host", default="0.0.0.0")
     m.add_argument("--port", type=int, default=6443)
@@ -92,6 +93,7 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
 def cmd_metrics_api(args: argparse.Namespace) -> int:
     from gpuaas.kubeclient import api_client
 
+    from .authz import Authorizer, KubeAccessReviewer
     from .config import ConfigError, MetricsApiConfig, load_metrics_api_config
     from .metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
     from .prom import Prometheus
@@ -107,13 +109,18 @@ def cmd_metrics_api(args: argparse.Namespace) -> int:
         print(f"gpuaas metrics-api: TLS files: {exc}", file=sys.stderr)
         return 2
     prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
+    api = api_client(args.kubeconfig)
     try:
-        backend = Backend(config, prom, KubePods(api_client(args.kubeconfig)))
+        backend = Backend(config, prom, KubePods(api))
         backend.validate()
     except ConfigError as exc:
         print(f"gpuaas metrics-api: refusing to start:\n{exc}", file=sys.stderr)
         return 2
-    MetricsApiServer(init_app(backend, config.allowed_client_names), host=args.host, port=args.port,
+    authz = config.authorization
+    authorizer = Authorizer(KubeAccessReviewer(api, timeout_s=authz.timeout_s), allow_ttl_s=authz.allow_ttl_s,
+                            deny_ttl_s=authz.deny_ttl_s, size=authz.cache_size,
+                            always_allow_groups=tuple(authz.always_allow_groups)) if authz.enabled else None
+    MetricsApiServer(init_app(backend, config.allowed_client_names, authorizer), host=args.host, port=args.port,
                      ssl_context=ctx).run()
     return 0
 

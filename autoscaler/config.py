@@ -207,10 +207,22 @@ class MetricRule(Strict):
         return v
 
 
+class AuthorizationConfig(Strict):
+    """Delegated authorization of the user behind each request (autoscaler/authz.py); the defaults are those of
+    k8s.io/apiserver's delegating authorizer (answers cached 10 s, system:masters never asked about)."""
+    enabled: bool = True
+    allow_ttl_s: float = Field(10.0, ge=0)
+    deny_ttl_s: float = Field(10.0, ge=0)
+    cache_size: int = Field(8192, ge=0)
+    always_allow_groups: list[str] = ["system:masters"]
+    timeout_s: float = Field(10.0, gt=0)
+
+
 class MetricsApiConfig(Strict):
     prometheus: PrometheusConfig = PrometheusConfig()
     metrics: list[MetricRule] = Field(default_factory=lambda: [MetricRule(name="queue_depth")], min_length=1)
     allowed_client_names: list[str] = ["front-proxy-client"]
+    authorization: AuthorizationConfig = AuthorizationConfig()
 
 
 def _load(model: type[BaseModel], path: Path | str):
