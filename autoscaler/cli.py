@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--dry-run", action="store_true", help="decide and record events, never change a replica count")
     p.add_argument("--once", action="store_true",
-                   help="one sync of every target, then exit (only if the leader-election Lease is free or ours)")
+                   help="one sync of every target, then exit (only with the leader-election Lease: free, ours, or "
+                        "expired within one lease duration)")
     p.add_argument("--identity", help="leader-election identity (default: $POD_NAME or hostname, plus a random suffix)")
     p.add_argument("--host", default="0.0.0.0", help="address of /healthz, /readyz, /leader")
     p.add_argument("--port", type=int, default=8091)
@@ -74,7 +75,7 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
         return 2
     if args.once:
         elector = service.elector
-        if elector is not None and not elector.try_acquire_or_renew():
+        if elector is not None and not elector.acquire_once():
             holder = elector.observed.holder if elector.observed else None
             print(f"gpuaas autoscaler: lease {elector.namespace}/{elector.name} is held by {holder}: another replica "
                   "is scaling these targets; not syncing", file=sys.stderr)

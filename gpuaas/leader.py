@@ -286,6 +286,18 @@ class LeaderElector:
             log.warning("releasing lease %s/%s: %s", self.namespace, self.name, err.reason)
         self._set(None)
 
+    def acquire_once(self, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """For a one-shot run: take the lease if it is free, or once it has expired by our observation (a holder that
+        is alive renews meanwhile, and then we give up). Takes at most one lease duration."""
+        if self.try_acquire_or_renew():
+            return True
+        with self._lock:
+            observed = self.observed
+        if observed is None or not observed.holder:
+            return False  # lost a race for a free lease: someone else is starting
+        sleep(max(0.0, observed.expires_at - self.clock()))
+        return self.try_acquire_or_renew()
+
     # -- the loop ----------------------------------------------------------------------------------------------------
     def step(self) -> float:
         """Attempt if one is due; return the monotonic time the next one is due."""

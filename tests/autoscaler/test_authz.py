@@ -96,8 +96,11 @@ def test_forbidden_message_names_the_user_and_the_permission_as_kube_apiserver_d
 
 
 class FakeReviewer:
-    def __init__(self, allowed_users=("alice",)):
-        self.allowed_users = set(allowed_users)
+    """kube-apiserver answering SubjectAccessReviews by `allows(spec)` (default: the user is one of
+    `allowed_users`); records every review; raises `fail` when set."""
+
+    def __init__(self, allowed_users=("alice",), allows=None):
+        self.allows = allows or (lambda spec: spec["user"] in set(allowed_users))
         self.bodies: list[dict] = []
         self.fail: ReviewFailed | None = None
 
@@ -105,7 +108,7 @@ class FakeReviewer:
         self.bodies.append(body)
         if self.fail:
             raise self.fail
-        return {"allowed": body["spec"]["user"] in self.allowed_users}
+        return {"allowed": self.allows(body["spec"])}
 
 
 class Clock:

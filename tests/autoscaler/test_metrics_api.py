@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography import x509
 
 from autoscaler.authz import Authorizer, ReviewFailed
+from tests.autoscaler.test_authz import FakeReviewer
 from autoscaler.config import MetricsApiConfig
 from autoscaler.metrics_api import ApiError, Backend, MetricsApiServer, init_app, quantity, server_ssl_context
 from autoscaler.prom import PrometheusUnavailable, Sample
@@ -171,28 +172,18 @@ def test_bad_rule_refused():
 
 
 # ---- delegated authorization: the user behind the aggregator -----------------------------------------------------------
-class FakeReviewer:
-    """kube-apiserver's answer to SubjectAccessReviews: alice may read pods/queue_depth in inf, nobody else anything."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        self.fail: ReviewFailed | None = None
-
-    def review(self, body):
-        self.bodies.append(body)
-        if self.fail:
-            raise self.fail
-        spec = body["spec"]
-        attrs = spec.get("resourceAttributes")
-        if attrs is None:  # discovery: system:discovery allows it to every authenticated user
-            return {"allowed": "system:authenticated" in spec["groups"]}
-        return {"allowed": spec["user"] == "alice" and attrs.get("namespace") == "inf"
-                and (attrs["resource"], attrs.get("subresource")) == ("pods", "queue_depth")}
+def alice_reads_pod_queue_depth_in_inf(spec) -> bool:
+    """The RBAC of these tests: alice may read pods/queue_depth in inf; discovery is open to authenticated users."""
+    attrs = spec.get("resourceAttributes")
+    if attrs is None:
+        return "system:authenticated" in spec["groups"]
+    return spec["user"] == "alice" and attrs.get("namespace") == "inf" \
+        and (attrs["resource"], attrs.get("subresource")) == ("pods", "queue_depth")
 
 
 @pytest.fixture
 def authz_server(pki):
-    reviewer = FakeReviewer()
+    reviewer = FakeReviewer(allows=alice_reads_pod_queue_depth_in_inf)
     backend = Backend(MetricsApiConfig(), FakeProm(), FakePods())
     srv = MetricsApiServer(init_app(backend, ["front-proxy-client"], Authorizer(reviewer, deny_ttl_s=0)), port=0,
                            ssl_context=server_ssl_context(str(pki.path("metrics.crt")), str(pki.path("metrics.key")),

@@ -126,6 +126,25 @@ def test_release_lets_the_next_candidate_in_at_once():
     assert b.try_acquire_or_renew() is True
 
 
+def test_a_one_shot_run_takes_a_dead_holders_lease_after_one_lease_duration_and_not_a_live_ones():
+    store, clock = FakeCoordination(), {"t": 0.0}
+    a, once = elector(store, "a", clock), elector(store, "once", clock)
+    a.try_acquire_or_renew()  # a holds it, then dies
+
+    def wait(seconds):
+        clock["t"] += seconds
+    assert once.acquire_once(sleep=wait) and clock["t"] == 15.0
+    alive, late = elector(store, "alive", clock), elector(store, "late", clock)
+    store.lease = None
+    alive.try_acquire_or_renew()
+
+    def wait_while_alive_renews(seconds):
+        clock["t"] += seconds
+        alive.try_acquire_or_renew()
+    assert not late.acquire_once(sleep=wait_while_alive_renews)
+    assert store.lease["spec"]["holderIdentity"] == "alive"
+
+
 def test_timing_parameters_must_be_ordered():
     with pytest.raises(ValueError, match="retry_period_s < renew_deadline_s < lease_duration_s"):
         LeaderElector(None, namespace="n", name="l", lease_duration_s=5, renew_deadline_s=6, retry_period_s=1)
