@@ -4,6 +4,7 @@ field). A YAML file:
     prometheus: {url: http://prometheus:9090, timeout_s: 5}
     interval_s: 15
     dry_run: false
+    leader_election: {name: gpuaas-autoscaler}   # Lease in the pod's namespace; see gpuaas/leader.py for the timings
     targets:
       - deployment: llm            # scaled through its scale subresource
         namespace: inference
@@ -25,6 +26,8 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuaas.leader import LeaderElectionConfig
 
 from .policy import QueueDepthConfig
 
@@ -153,10 +156,15 @@ class Target(Strict):
                                 default_service_time_s=self.default_service_time_s, sync_period_s=sync_period_s)
 
 
+class AutoscalerLeaderElection(LeaderElectionConfig):
+    name: str = Field(default="gpuaas-autoscaler", description="name of the Lease")
+
+
 class AutoscalerConfig(Strict):
     prometheus: PrometheusConfig = Field(PrometheusConfig(), description="where the metrics come from")
     interval_s: float = Field(15.0, gt=0, description="seconds between syncs of every target")
     dry_run: bool = Field(False, description="decide and record events, never change a replica count")
+    leader_election: AutoscalerLeaderElection = Field(AutoscalerLeaderElection(), description="the Lease that keeps one replica acting")
     targets: list[Target] = Field(min_length=1, description="the Deployments to scale, each namespace/name once")
 
     @model_validator(mode="after")
@@ -210,12 +218,25 @@ class MetricRule(Strict):
         return v
 
 
+class AuthorizationConfig(Strict):
+    """Delegated authorization of the user behind each request (autoscaler/authz.py); the defaults are those of
+    k8s.io/apiserver's delegating authorizer (answers cached 10 s, system:masters never asked about)."""
+    enabled: bool = Field(True, description="ask kube-apiserver (SubjectAccessReview) whether the user may read the "
+                          "metric; off: any user the aggregator lets through may")
+    allow_ttl_s: float = Field(10.0, ge=0, description="seconds an allowed answer is cached")
+    deny_ttl_s: float = Field(10.0, ge=0, description="seconds a denied answer is cached")
+    cache_size: int = Field(8192, ge=0, description="answers cached at most (least recently used go first)")
+    always_allow_groups: list[str] = Field(["system:masters"], description="groups allowed without a review")
+    timeout_s: float = Field(10.0, gt=0, description="seconds to wait for a SubjectAccessReview")
+
+
 class MetricsApiConfig(Strict):
     prometheus: PrometheusConfig = Field(PrometheusConfig(), description="where the metrics come from")
     metrics: list[MetricRule] = Field(default_factory=lambda: [MetricRule(name="queue_depth")], min_length=1,
                                       description="the metrics served")
     allowed_client_names: list[str] = Field(["front-proxy-client"], description="client-certificate CNs (signed by "
                                             "the front-proxy CA) that may call the API")
+    authorization: AuthorizationConfig = Field(AuthorizationConfig(), description="who may read which metric: a SubjectAccessReview of the user the aggregator vouches for")
 
 
 def _load(model: type[BaseModel], path: Path | str):

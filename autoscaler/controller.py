@@ -2,7 +2,9 @@
 
 - `gather_signals` asks Prometheus (autoscaler/prom.py) for one target's signals and turns a failure into words;
 - `KubeTargets` reads a Deployment's scale subresource and pods, writes the scale, events and the conditions;
-- `Controller.sync_once(now)` builds a `Snapshot` per target, asks the policy, acts, and records why.
+- `Controller.sync_once(now)` builds a `Snapshot` per target, asks the policy, acts, and records why. Only a replica
+  that `may_act` (holds the Lease, autoscaler/service.py) writes; the others decide the same way and write nothing,
+  so that the one taking over starts with the memory of the recent load (the policy's recommendation history).
 
 Conditions live in the Deployment annotation `autoscaling.gpuaas.io/conditions` (a JSON list in the shape of HPA
 conditions: type, status, reason, message, lastTransitionTime), as the HPA's v1 API kept its v2 conditions in
@@ -97,12 +99,17 @@ class Targets(Protocol):
     def set_conditions(self, target: Target, conditions: list[dict[str, str]]) -> None: ...
 
 
+class NotLeader(RuntimeError):
+    """This replica lost the lease during a sync: it stops writing at once."""
+
+
 class KubeTargets:
-    def __init__(self, api):
+    def __init__(self, api, *, instance: str = COMPONENT):
         from kubernetes import client
 
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.instance = instance  # the events' reportingInstance: which replica acted
 
     def observe(self, target: Target) -> Observed:
         dep = self.apps.read_namespaced_deployment(target.deployment, target.namespace)
@@ -125,7 +132,7 @@ class KubeTargets:
             "involvedObject": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.deployment,
                                "namespace": target.namespace, "uid": observed.uid},
             "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self.instance,
             "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1,
         })
 
@@ -160,13 +167,17 @@ class TargetMemory:
 
 class Controller:
     def __init__(self, config: AutoscalerConfig, prom: Querier, targets: Targets, *,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, may_act: Callable[[], bool] = lambda: True):
         self.config = config
         self.prom = prom
         self.targets = targets
         self.clock = clock
+        self.may_act = may_act
         self.policies = {t.key: QueueDepthPolicy(t.policy_config(config.interval_s)) for t in config.targets}
         self.memory = {t.key: TargetMemory() for t in config.targets}
+        self.syncs = 0  # sync_once calls
+        self.syncs_acting = 0  # of which this replica held the lease at the start
+        self.first_acting_sync_at: float | None = None  # wall time; the service resets it when the lease changes hands
 
     def validate(self) -> None:
         """Run every configured query once; a query Prometheus rejects, or a Prometheus that cannot be reached, is a
@@ -185,16 +196,29 @@ class Controller:
 
     def sync_once(self) -> dict[str, Decision]:
         out = {}
+        if self.may_act():
+            self.syncs_acting += 1
+            if self.first_acting_sync_at is None:
+                self.first_acting_sync_at = time.time()
         for t in self.config.targets:
             try:
                 out[t.key] = self.sync_target(t)
+            except NotLeader:
+                log.warning("lost the lease while syncing %s: stopped writing", t.key)
             except Exception as exc:  # one target's API failure must not stop the others
                 log.exception("sync of %s failed: %s", t.key, exc)
+        self.syncs += 1
         return out
+
+    def _check(self) -> None:
+        """Before every write: a replica that no longer holds the lease must not write."""
+        if not self.may_act():
+            raise NotLeader("lost the lease")
 
     def sync_target(self, t: Target) -> Decision:
         now = self.clock()
         mem = self.memory[t.key]
+        acting = self.may_act()
         observed = self.targets.observe(t)
         signals, error = gather_signals(self.prom, t, sorted(observed.pods))
         snap = Snapshot(now=now, replicas=observed.replicas, pods=observed.pods, pending_pods=observed.pending,
@@ -202,21 +226,29 @@ class Controller:
         decision, mem.state = self.policies[t.key].recommend(snap, mem.state)
         if signals is not None and error:  # partial data: usable, but say so
             decision = replace(decision, message=f"{decision.message}; note: {error}")
-        log.info("%s: %d -> %d %s: %s", t.key, observed.replicas, decision.desired, decision.reason, decision.message)
+        log.info("%s%s: %d -> %d %s: %s", "" if acting else "(standby, writes nothing) ", t.key, observed.replicas,
+                 decision.desired, decision.reason, decision.message)
 
-        # Metrics lost or back: announce the transition once, not every sync.
+        # Metrics lost or back: announce the transition once, not every sync (a standby remembers what the leader
+        # announced, so a takeover does not announce it again).
         failing = snap.error
-        if failing and failing != mem.metrics_error:
+        if acting and failing and failing != mem.metrics_error:
+            self._check()
             self.targets.event(t, observed, "Warning", "MetricsUnavailable",
                                f"{failing}; no scale-down until metrics are back")
-        elif not failing and mem.metrics_error:
+        elif acting and not failing and mem.metrics_error:
+            self._check()
             self.targets.event(t, observed, "Normal", "MetricsRecovered", "metrics are back; scaling on them again")
         mem.metrics_error = failing
+        if not acting:
+            mem.conditions = []  # the leader's, read from the Deployment after a takeover
+            return decision
 
         able = ("AbleToScale", "True", "ReadyForNewScale", "the last scale succeeded or none was needed")
         if decision.desired != observed.replicas:
             verb = "would scale" if self.config.dry_run else "scaled"
             msg = f"{verb} from {observed.replicas} to {decision.desired}: {decision.message}"
+            self._check()
             if self.config.dry_run:
                 self.targets.event(t, observed, "Normal", f"DryRun{decision.reason}", msg)
             else:
@@ -242,6 +274,7 @@ class Controller:
                 pass
         conditions = merge_conditions(mem.conditions, [able, active, limited], now)
         if conditions != mem.conditions:
+            self._check()
             try:
                 self.targets.set_conditions(t, conditions)
                 mem.conditions = conditions
@@ -249,25 +282,34 @@ class Controller:
                 log.warning("could not write conditions of %s: %s", t.key, exc)
         return decision
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
+        """Sync every interval_s until `stop`; `wake` (cleared after each wait) starts the next sync early."""
+        wake = wake or stop
         while not stop.is_set():
             started = time.monotonic()
             self.sync_once()
-            stop.wait(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+            wake.wait(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+            if wake is not stop:
+                wake.clear()
 
 
-def build(config: AutoscalerConfig, kubeconfig: str | None = None, *, api=None) -> Controller:
-    """A controller wired to a real Prometheus and Kubernetes. The queries are validated first, then the kubeconfig
-    is loaded; either failing is a ConfigError."""
+def kube_api(kubeconfig: str | None = None):
+    """The ApiClient for `kubeconfig`; a kubeconfig that cannot be loaded is a ConfigError."""
     from kubernetes.config import ConfigException
 
     from gpuaas.kubeclient import api_client
 
+    try:
+        return api_client(kubeconfig)
+    except (ConfigException, OSError) as exc:
+        raise ConfigError(f"kubeconfig {kubeconfig or '(in-cluster, then ~/.kube/config)'}: {exc}") from None
+
+
+def build(config: AutoscalerConfig, kubeconfig: str | None = None, *, api=None, instance: str = COMPONENT,
+          may_act: Callable[[], bool] = lambda: True) -> Controller:
+    """A controller wired to a real Prometheus and Kubernetes. The queries are validated first, then the kubeconfig
+    is loaded; either failing is a ConfigError."""
     prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
     Controller(config, prom, targets=None).validate()  # type: ignore[arg-type]  (validation does not touch Kubernetes)
-    if api is None:
-        try:
-            api = api_client(kubeconfig)
-        except (ConfigException, OSError) as exc:
-            raise ConfigError(f"kubeconfig {kubeconfig or '(in-cluster, then ~/.kube/config)'}: {exc}") from None
-    return Controller(config, prom, KubeTargets(api))
+    api = api if api is not None else kube_api(kubeconfig)
+    return Controller(config, prom, KubeTargets(api, instance=instance), may_act=may_act)

@@ -6,7 +6,9 @@
 
 It does not serve `external.metrics.k8s.io` (KEDA owns that group in many clusters). It runs over HTTPS and only answers
 API paths to a client certificate signed by the front-proxy CA whose common name is allowed (the aggregator's), the
-way an aggregated API server authenticates kube-apiserver; /healthz, /livez and /readyz are open.
+way an aggregated API server authenticates kube-apiserver; /healthz, /livez and /readyz are open. Then, with an
+`Authorizer` (autoscaler/authz.py), it asks kube-apiserver whether the user the aggregator names in X-Remote-User may
+make the request (a SubjectAccessReview, cached briefly): 403 naming the user and the permission if not.
 
 The handlers are thin: parse the path, call the pure builders (`resource_list`, `metric_value_list`) over the answers of
 a `Backend` (Prometheus + the pod list), and map errors to a Kubernetes `Status` in one place (`_serve`). A bad request
@@ -25,6 +27,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from .authz import USER_HEADER, Authorizer, ReviewFailed, forbidden_message, request_attributes, user_from_headers
 from .config import MetricsApiConfig, MetricRule
 from .prom import BadQuery, MetricsError, Prometheus, PrometheusUnavailable
 
@@ -36,14 +39,17 @@ OBJECT_RESOURCES = {"deployments.apps": ("Deployment", "apps/v1"), "deployments"
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str):
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
 
-def status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+def status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
             "reason": reason, "code": code}
+    if details:
+        body["details"] = details
+    return body
 
 
 def quantity(value: float) -> str:
@@ -197,6 +203,7 @@ def _now() -> str:
 
 BACKEND = web.AppKey("backend", Backend)
 ALLOWED = web.AppKey("allowed", frozenset)
+AUTHORIZER = web.AppKey("authorizer", object)  # an Authorizer, or None: no per-user authorization
 
 
 def _peer_name(request: web.Request) -> str | None:
@@ -210,9 +217,29 @@ def _peer_name(request: web.Request) -> str | None:
     return None
 
 
+async def _authorize(request: web.Request, authorizer: Authorizer) -> None:
+    """The user the aggregator vouches for may make this request, or ApiError. Only called once the client
+    certificate proved the caller is the aggregator: before that, X-Remote-* headers mean nothing."""
+    user = user_from_headers(request.headers)
+    if user is None:
+        raise ApiError(401, "Unauthorized", f"no {USER_HEADER} header: the aggregator names the user it authenticated "
+                                            "there")
+    attrs = request_attributes(request.method, request.path, request.query_string)
+    try:
+        decision = await _blocking(authorizer.authorize, user, attrs)
+    except ReviewFailed as exc:
+        log.warning("cannot authorize %s %s for %s: %s", request.method, request.path, user.name, exc.message)
+        raise ApiError(exc.code, "ServiceUnavailable" if exc.code == 503 else "InternalError",
+                       f"cannot authorize user {user.name!r}: {exc.message}") from None
+    if not decision.allowed:
+        raise ApiError(403, "Forbidden", forbidden_message(user, attrs, decision.reason),
+                       {"name": attrs.name, "group": attrs.group, "kind": attrs.resource} if attrs.resource_request
+                       else None)
+
+
 @web.middleware
 async def _serve(request: web.Request, handler) -> web.StreamResponse:
-    """Authentication and the one place where errors become Kubernetes Status answers."""
+    """Authentication, authorization, and the one place where errors become Kubernetes Status answers."""
     try:
         if request.path.startswith("/apis"):
             name = _peer_name(request)
@@ -220,9 +247,11 @@ async def _serve(request: web.Request, handler) -> web.StreamResponse:
                 raise ApiError(401, "Unauthorized", "a client certificate signed by the front-proxy CA is required")
             if name not in request.app[ALLOWED]:
                 raise ApiError(403, "Forbidden", f"client certificate {name!r} is not an allowed requestheader client")
+            if request.app[AUTHORIZER] is not None:
+                await _authorize(request, request.app[AUTHORIZER])
         return await handler(request)
     except ApiError as exc:
-        return web.json_response(status(exc.code, exc.reason, exc.message), status=exc.code)
+        return web.json_response(status(exc.code, exc.reason, exc.message, exc.details), status=exc.code)
     except web.HTTPException as exc:
         if exc.status >= 400:
             return web.json_response(status(exc.status, exc.reason, f"{request.method} {request.path}: {exc.reason}"),
@@ -273,10 +302,13 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def init_app(backend: Backend, allowed_client_names: list[str]) -> web.Application:
+def init_app(backend: Backend, allowed_client_names: list[str], authorizer: Authorizer | None = None) -> web.Application:
+    """The app; without `authorizer` any user the aggregator lets through may read every metric (the CLI always
+    passes one unless `authorization.enabled: false`)."""
     app = web.Application(middlewares=[_serve])
     app[BACKEND] = backend
     app[ALLOWED] = frozenset(allowed_client_names)
+    app[AUTHORIZER] = authorizer
     base = f"/apis/{GROUP}/{{version}}"
     app.router.add_get(base, discovery)
     app.router.add_get(base + "/namespaces/{namespace}/{resource}/{name}/{metric}", object_metric)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
 from gpuaas.config import ConfigError, load_config
+from gpuaas.leader import LeaderElectionConfig as LeaseConfig
 from scoring.model import NodeSpec
 
 ENV_PREFIX = "GPUAAS_NODESCALER_"
@@ -125,22 +126,10 @@ class ScaleInConfig(_Strict):
                                             "grace period")
 
 
-class LeaderElectionConfig(_Strict):
-    enabled: bool = Field(default=True, description="act only while holding the Lease; off: run one replica only")
-    namespace: str = Field(default="kube-system", description="namespace of the Lease")
+class LeaderElectionConfig(LeaseConfig):
+    namespace: str | None = Field(default="kube-system", description="namespace of the Lease; empty: the namespace "
+                                  "the nodescaler runs in")
     name: str = Field(default="gpuaas-nodescaler", description="name of the Lease")
-    lease_duration_s: float = Field(default=15.0, gt=0, description="a standby takes over this long after it last "
-                                    "saw the Lease renewed")
-    renew_deadline_s: float = Field(default=10.0, gt=0, description="the leader steps down when it could not renew "
-                                    "for this long; below lease_duration_s")
-    retry_period_s: float = Field(default=2.0, gt=0, description="how often candidates try to acquire or renew; "
-                                  "below renew_deadline_s")
-
-    @model_validator(mode="after")
-    def _order(self) -> "LeaderElectionConfig":
-        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
-            raise ValueError("leader election needs retry_period_s < renew_deadline_s < lease_duration_s")
-        return self
 
 
 class NodeScalerConfig(_Strict):

@@ -38,20 +38,28 @@ class Service:
         self.api = api_client(kubeconfig)
         self.metrics = Metrics()
         le = config.leader_election
-        self.elector = LeaderElector(self.api, namespace=le.namespace, name=le.name, identity=identity,
-                                     lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
-                                     retry_period_s=le.retry_period_s,
-                                     on_change=lambda leader: self.metrics.leader.set(1 if leader else 0)) \
-            if le.enabled else None
+        self.elector = LeaderElector.from_config(self.api, le, identity=identity, kubeconfig=kubeconfig,
+                                                 on_change=self._leadership_changed) if le.enabled else None
         self.scaler = NodeScaler(config, self._no_snapshot, KubeCluster(self.api), KwokProvider(self.api),
                                  metrics=self.metrics, may_act=self.is_leader)
         self.view = ClusterView(config.scale_out.policy)
         self.trigger = asyncio.Event()
         self.informers: list[Informer] = []
         self.reconciles = 0
+        self.first_reconcile_at: float | None = None  # wall time of the first reconcile since this replica led
+        self._new_leader = False  # the trigger was set by winning the lease: reconcile without the batching pause
+        self._event_loop: asyncio.AbstractEventLoop | None = None
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
+
+    def _leadership_changed(self, leader: bool) -> None:
+        """From the elector's thread. A new leader reconciles at once rather than at the next interval."""
+        self.metrics.leader.set(1 if leader else 0)
+        self.first_reconcile_at = None
+        if leader and self._event_loop is not None:
+            self._new_leader = True
+            self._event_loop.call_soon_threadsafe(self.trigger.set)
 
     @staticmethod
     def _no_snapshot(now: float):
@@ -86,9 +94,11 @@ class Service:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self.trigger.wait(), timeout=self.config.interval_s)
-                await asyncio.sleep(BATCH_S)  # let the rest of a burst arrive
+                if not self._new_leader:
+                    await asyncio.sleep(BATCH_S)  # let the rest of a burst arrive
             except asyncio.TimeoutError:
                 pass
+            self._new_leader = False
             self.trigger.clear()
             if not self.is_leader():
                 continue
@@ -101,6 +111,8 @@ class Service:
                 log.exception("reconcile failed")
                 continue
             self.reconciles += 1
+            if self.first_reconcile_at is None:
+                self.first_reconcile_at = now
             if report.grows or report.mig or report.drains_started or report.deleted or report.rolled_back \
                     or report.evicted:
                 log.info("reconcile", extra={k: v for k, v in vars(report).items() if v})
@@ -120,7 +132,9 @@ class Service:
 
         async def leader(_):
             return web.json_response({"identity": self.elector.identity if self.elector else None,
-                                      "leader": self.is_leader(), "reconciles": self.reconciles})
+                                      "leader": self.is_leader(), "reconciles": self.reconciles,
+                                      "acquired_at": self.elector.acquired_at if self.elector else None,
+                                      "first_reconcile_at": self.first_reconcile_at})
 
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz),
@@ -129,6 +143,7 @@ class Service:
 
     async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
         endpoint = ApiEndpoint.from_kubeconfig(self.kubeconfig)
+        self._event_loop = asyncio.get_running_loop()
         stop_thread = threading.Event()
         if self.elector is not None:
             threading.Thread(target=self.elector.run, args=(stop_thread,), name="leader-election",

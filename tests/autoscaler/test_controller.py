@@ -209,3 +209,75 @@ def test_conditions_written_only_when_they_change_and_kept_across_restarts():
     clock.t += 15
     c2.sync_once()
     assert kube.condition("ScalingActive")["lastTransitionTime"] == since
+
+
+# ---- two replicas behind one Lease ------------------------------------------------------------------------------------
+class Lease:
+    """Who holds the lease, as `may_act` of each replica sees it."""
+
+    def __init__(self, holder: str):
+        self.holder = holder
+
+    def may_act(self, who: str):
+        return lambda: self.holder == who
+
+
+def pair(replicas=2):
+    """Two controllers on the same Prometheus and Deployment, as two replicas of the autoscaler."""
+    config = parse(AutoscalerConfig, {"interval_s": 15, "targets": [
+        {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60}]})
+    prom, kube, clock, lease = FakeProm(), FakeTargets(replicas), Clock(), Lease("a")
+    a = Controller(config, prom, kube, clock=clock, may_act=lease.may_act("a"))
+    b = Controller(config, prom, kube, clock=clock, may_act=lease.may_act("b"))
+    return a, b, prom, kube, clock, lease
+
+
+def test_only_the_leader_writes_the_standby_decides_the_same_and_writes_nothing():
+    a, b, prom, kube, clock, lease = pair()
+    db = b.sync_once()["inf/llm"]
+    assert kube.scaled == [] and kube.events == [] and kube.condition_writes == 0
+    da = a.sync_once()["inf/llm"]
+    assert da.desired == db.desired == 7 and kube.scaled == [7] and len(kube.events) == 1
+    assert (a.syncs_acting, b.syncs_acting) == (1, 0) and b.syncs == 1
+
+
+def test_a_new_leader_keeps_the_burst_memory_the_standby_built_up():
+    a, b, prom, kube, clock, lease = pair()
+    for c in (a, b):
+        c.sync_once()  # the burst: a scales to 7; b decides 7 too
+    prom.rate, prom.queue = 0.5, {f"llm-{i}": 0.0 for i in range(7)}
+    clock.t += 15
+    lease.holder = "b"  # a dies; b takes over 15 s after the burst
+    d = b.sync_once()["inf/llm"]
+    # the recommendation of 7 fades over the 60 s window: b keeps most of the fleet instead of dropping to 1
+    assert d.desired >= 6 and kube.replicas == d.desired
+    cold = Controller(b.config, prom, FakeTargets(7), clock=clock)
+    assert cold.sync_once()["inf/llm"].desired == 1  # what a replica without that memory would have done
+
+
+def test_a_standby_does_not_announce_again_what_the_leader_announced():
+    a, b, prom, kube, clock, lease = pair(replicas=7)
+    prom.mode = "down"
+    for c in (a, b):
+        c.sync_once()
+    assert [e[1] for e in kube.events] == ["MetricsUnavailable"]
+    lease.holder = "b"
+    clock.t += 15
+    b.sync_once()
+    assert [e[1] for e in kube.events] == ["MetricsUnavailable"]  # b knew it had been said
+    prom.mode = "ok"
+    clock.t += 15
+    b.sync_once()
+    assert "MetricsRecovered" in [e[1] for e in kube.events]
+
+
+def test_losing_the_lease_in_the_middle_of_a_sync_stops_the_writes():
+    config = parse(AutoscalerConfig, {"targets": [{"deployment": "llm", "namespace": "inf", "max_replicas": 20}]})
+    # may_act is asked when the sync starts, when the target's sync starts, then before each write
+    for answers, scaled, events, condition_writes in (
+            ([True, True, False], [], [], 0),  # gone before the scale: nothing written
+            ([True, True, True, False], [7], ["ScaleUp"], 0)):  # gone after it: the scale and its event, no more
+        it = iter(answers)
+        kube = FakeTargets(2)
+        Controller(config, FakeProm(), kube, clock=Clock(), may_act=lambda: next(it, False)).sync_once()
+        assert (kube.scaled, [e[1] for e in kube.events], kube.condition_writes) == (scaled, events, condition_writes)

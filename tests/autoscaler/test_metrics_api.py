@@ -12,6 +12,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography import x509
 
+from autoscaler.authz import Authorizer, ReviewFailed
+from tests.autoscaler.test_authz import FakeReviewer
 from autoscaler.config import MetricsApiConfig
 from autoscaler.metrics_api import ApiError, Backend, MetricsApiServer, init_app, quantity, server_ssl_context
 from autoscaler.prom import PrometheusUnavailable, Sample
@@ -68,12 +70,13 @@ def server(pki):
     srv.stop()
 
 
-def get(server, pki, path, client="front-proxy-client"):
+def get(server, pki, path, client="front-proxy-client", headers=None):
     ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
     if client:
         ctx.load_cert_chain(str(pki.path(f"{client}.crt")), str(pki.path(f"{client}.key")))
+    request = urllib.request.Request(f"https://localhost:{server.port}{path}", headers=headers or {})
     try:
-        with urllib.request.urlopen(f"https://localhost:{server.port}{path}", context=ctx, timeout=5) as r:
+        with urllib.request.urlopen(request, context=ctx, timeout=5) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -166,3 +169,78 @@ def test_bad_rule_refused():
     config = parse(MetricsApiConfig, {"metrics": [{"name": "q", "extra_object_query": "sum(x"}]})
     with pytest.raises(ConfigError, match="metric q: Prometheus rejected"):
         Backend(config, Rejecting(), FakePods()).validate()
+
+
+# ---- delegated authorization: the user behind the aggregator -----------------------------------------------------------
+def alice_reads_pod_queue_depth_in_inf(spec) -> bool:
+    """The RBAC of these tests: alice may read pods/queue_depth in inf; discovery is open to authenticated users."""
+    attrs = spec.get("resourceAttributes")
+    if attrs is None:
+        return "system:authenticated" in spec["groups"]
+    return spec["user"] == "alice" and attrs.get("namespace") == "inf" \
+        and (attrs["resource"], attrs.get("subresource")) == ("pods", "queue_depth")
+
+
+@pytest.fixture
+def authz_server(pki):
+    reviewer = FakeReviewer(allows=alice_reads_pod_queue_depth_in_inf)
+    backend = Backend(MetricsApiConfig(), FakeProm(), FakePods())
+    srv = MetricsApiServer(init_app(backend, ["front-proxy-client"], Authorizer(reviewer, deny_ttl_s=0)), port=0,
+                           ssl_context=server_ssl_context(str(pki.path("metrics.crt")), str(pki.path("metrics.key")),
+                                                          str(pki.front_proxy_ca_cert)))
+    srv.start()
+    srv.reviewer = reviewer
+    yield srv
+    srv.stop()
+
+
+def as_user(name, group=None):
+    return {"X-Remote-User": name, **({"X-Remote-Group": group} if group else {})}
+
+
+PODS = f"{BASE}/v1beta1/namespaces/inf/pods/*/queue_depth"
+
+
+def test_a_user_allowed_by_the_apiserver_gets_the_metrics_and_others_get_403(authz_server, pki):
+    code, body = get(authz_server, pki, PODS, headers=as_user("alice"))
+    assert code == 200 and body["kind"] == "MetricValueList"
+    code, body = get(authz_server, pki, PODS, headers=as_user("mallory"))
+    assert code == 403 and body["reason"] == "Forbidden"
+    assert body["message"] == ('pods.custom.metrics.k8s.io "*" is forbidden: User "mallory" cannot get resource '
+                               '"pods/queue_depth" in API group "custom.metrics.k8s.io" in the namespace "inf"')
+    assert body["details"] == {"name": "*", "group": "custom.metrics.k8s.io", "kind": "pods"}
+    # alice's permission is for pods in inf only
+    code, body = get(authz_server, pki, f"{BASE}/v1beta1/namespaces/inf/deployments.apps/llm/queue_depth",
+                     headers=as_user("alice"))
+    assert code == 403 and '"deployments.apps/queue_depth"' in body["message"]
+    review = authz_server.reviewer.bodies[0]["spec"]
+    assert review["resourceAttributes"] == {"namespace": "inf", "verb": "get", "group": "custom.metrics.k8s.io",
+                                            "version": "v1beta1", "resource": "pods", "subresource": "queue_depth",
+                                            "name": "*"}
+
+
+def test_discovery_is_authorized_as_a_non_resource_path(authz_server, pki):
+    assert get(authz_server, pki, f"{BASE}/v1beta1", headers=as_user("bob"))[0] == 200  # system:authenticated
+    code, body = get(authz_server, pki, f"{BASE}/v1beta1", headers=as_user("system:anonymous",
+                                                                            "system:unauthenticated"))
+    assert code == 403 and body["message"] == ('forbidden: User "system:anonymous" cannot get path '
+                                               f'"{BASE}/v1beta1"')
+
+
+def test_the_user_headers_count_only_after_the_client_certificate(authz_server, pki):
+    code, body = get(authz_server, pki, PODS, client=None, headers=as_user("alice"))
+    assert code == 401 and "client certificate" in body["message"]
+    code, body = get(authz_server, pki, PODS, client="other", headers=as_user("alice"))
+    assert code == 403 and "somebody-else" in body["message"]
+    code, body = get(authz_server, pki, PODS)  # the aggregator's certificate, but no user named
+    assert code == 401 and "X-Remote-User" in body["message"]
+    assert authz_server.reviewer.bodies == []
+
+
+def test_a_failed_access_review_is_503_and_the_next_request_is_served(authz_server, pki):
+    authz_server.reviewer.fail = ReviewFailed(503, "SubjectAccessReview failed: ConnectionRefusedError: refused")
+    code, body = get(authz_server, pki, PODS, headers=as_user("alice"))
+    assert code == 503 and body["reason"] == "ServiceUnavailable"
+    assert "cannot authorize user 'alice'" in body["message"] and "refused" in body["message"]
+    authz_server.reviewer.fail = None
+    assert get(authz_server, pki, PODS, headers=as_user("alice"))[0] == 200

@@ -1,9 +1,13 @@
 """Small helpers the end-to-end tests share: waiting on the API and reading scheduling outcomes."""
 from __future__ import annotations
 
+import base64
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import yaml
 from kubernetes import client
 
 T = TypeVar("T")
@@ -32,3 +36,67 @@ def pod_events(api: client.ApiClient, namespace: str, name: str) -> list[client.
 
 def pod_phase(api: client.ApiClient, namespace: str, name: str) -> str:
     return pod(api, namespace, name).status.phase
+
+
+def rbac_manifest(account: str, namespace: str, *, cluster_rules: list[dict] = (),
+                  namespace_rules: list[dict] = (), cluster_roles: list[str] = ()) -> str:
+    """ServiceAccount `account` in `namespace` bound to exactly these rules: `cluster_rules` through a ClusterRole,
+    `namespace_rules` through a Role in `namespace`, and the existing ClusterRoles `cluster_roles` (for
+    LocalCluster.service_account_kubeconfig)."""
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    docs: list[dict] = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}]
+    for role in cluster_roles:
+        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                     "metadata": {"name": f"{namespace}-{account}-{role.replace(':', '-')}"}, "subjects": subject,
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}})
+    for kind, rules in (("ClusterRole", cluster_rules), ("Role", namespace_rules)):
+        if not rules:
+            continue
+        name = f"{namespace}-{account}"
+        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+                     "rules": list(rules)})
+        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
+                     "metadata": {"name": name}, "subjects": subject,
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}})
+    return yaml.safe_dump_all(docs)
+
+
+def lease_rules(name: str, *, watch: bool = True) -> list[dict]:
+    """What gpuaas.leader needs on its Lease: create it, get and update it by name, and (for a standby that sees each
+    renewal as it happens) list and watch it by name."""
+    verbs = ["get", "update"] + (["list", "watch"] if watch else [])
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name], "verbs": verbs}]
+
+
+@contextmanager
+def registered_custom_metrics_api(cluster, namespace: str, port: int, manifest: Path):
+    """The APIServices of `manifest` (deploy/custom-metrics-api.yaml) pointed at a server on 127.0.0.1:`port`, until
+    the block ends. No kube-proxy here: the Service is an ExternalName `localhost`, which the aggregator resolves
+    (without --enable-aggregator-routing) to localhost at the APIService's port, so every packet stays on loopback."""
+    service = "gpuaas-custom-metrics"
+    client.CoreV1Api(cluster.api).create_namespaced_service(namespace, {"metadata": {"name": service}, "spec": {
+        "type": "ExternalName", "externalName": "localhost",
+        "ports": [{"port": port, "name": "https", "protocol": "TCP"}]}})
+    reg = client.ApiregistrationV1Api(cluster.api)
+    ca = base64.b64encode(Path(cluster.control_plane.pki.ca_cert).read_bytes()).decode()
+    names = []
+    try:
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            if doc and doc["kind"] == "APIService":
+                doc["spec"]["service"].update({"name": service, "namespace": namespace, "port": port})
+                doc["spec"]["caBundle"] = ca
+                reg.create_api_service(doc)
+                names.append(doc["metadata"]["name"])
+
+        def available():
+            return all(any(c.type == "Available" and c.status == "True"
+                           for c in (reg.read_api_service(n).status.conditions or [])) for n in names)
+        wait_for(available, timeout=60, what=f"APIServices {names} Available")
+        yield names
+    finally:
+        for n in names:
+            try:
+                reg.delete_api_service(n)
+            except client.ApiException:
+                pass

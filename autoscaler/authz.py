@@ -1,0 +1,276 @@
+"""Delegated authorization for the custom-metrics API, the way a Kubernetes aggregated API server does it
+(k8s.io/apiserver's DelegatingAuthorizationOptions: a SubjectAccessReview to kube-apiserver per request, answers
+cached briefly).
+
+The aggregator (kube-apiserver) authenticates the user, then calls us with its front-proxy client certificate and the
+user in request headers: X-Remote-User, X-Remote-Uid, X-Remote-Group (repeated), X-Remote-Extra-<key> (repeated;
+the key percent-encoded). Those headers are trusted only because the caller has already proved, by a certificate
+from the front-proxy CA with an allowed common name, that it is the aggregator (metrics_api's middleware checks that
+first). We then ask kube-apiserver whether that user may do what the request asks, with the request's attributes
+parsed as k8s.io/apiserver's RequestInfoFactory parses a path, so that the same RBAC rules apply as if the resource
+were served by kube-apiserver itself:
+
+    GET /apis/custom.metrics.k8s.io/v1beta1/namespaces/NS/pods/*/queue_depth
+        -> verb get, group custom.metrics.k8s.io, version v1beta1, namespace NS, resource pods, name "*",
+           subresource queue_depth (RBAC: resources ["pods/queue_depth"], ["*/queue_depth"] or ["*"])
+    GET /apis/custom.metrics.k8s.io/v1beta1 -> non-resource path, verb get (system:discovery allows it)
+
+Pure: `user_from_headers`, `request_attributes`, `access_review`, `decision_from_review`, `forbidden_message`;
+`DecisionCache` is a bounded TTL cache on an injected clock; `Authorizer` puts them together around a `Reviewer`, of
+which `KubeAccessReviewer` is the one that does I/O.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import parse_qs, unquote
+
+USER_HEADER, UID_HEADER, GROUP_HEADER, EXTRA_PREFIX = "X-Remote-User", "X-Remote-Uid", "X-Remote-Group", "X-Remote-Extra-"
+ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED = "system:anonymous", "system:authenticated", "system:unauthenticated"
+SPECIAL_VERBS = {"proxy", "watch"}  # RequestInfoFactory's
+SPECIAL_VERBS_NO_SUBRESOURCES = {"proxy"}
+NAMESPACE_SUBRESOURCES = {"status", "finalize"}
+METHOD_VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # sorted (key, values): hashable, a cache key
+
+
+def user_from_headers(headers: Mapping[str, str] | object) -> User | None:
+    """The user the aggregator authenticated, from its request headers (k8s.io/apiserver's requestheader
+    authenticator); None without a user name. `headers` is a multidict (aiohttp's: `getall`) or a plain mapping."""
+    getall = getattr(headers, "getall", None)
+
+    def values(name: str) -> list[str]:
+        if getall is not None:
+            return list(getall(name, []))
+        return [v for k, v in headers.items() if k.lower() == name.lower()]  # type: ignore[union-attr]
+
+    names = [v for v in values(USER_HEADER) if v]
+    if not names:
+        return None
+    extra: dict[str, list[str]] = {}
+    for key in headers.keys():  # type: ignore[union-attr]
+        if key.lower().startswith(EXTRA_PREFIX.lower()):
+            name = unquote(key[len(EXTRA_PREFIX):]).lower()
+            if name not in extra:
+                extra[name] = values(key)
+    uid = next((v for v in values(UID_HEADER) if v), "")
+    groups = tuple(g for g in values(GROUP_HEADER) if g)
+    # As k8s.io/apiserver's AuthenticatedGroupAdder: every authenticated user is in system:authenticated, which is
+    # what RBAC's system:discovery binding names (the aggregator's own discovery requests come without groups).
+    if names[0] != ANONYMOUS and not {AUTHENTICATED, UNAUTHENTICATED} & set(groups):
+        groups += (AUTHENTICATED,)
+    return User(names[0], uid, groups, tuple(sorted((k, tuple(v)) for k, v in extra.items())))
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What a request asks to do (k8s.io/apiserver's RequestInfo)."""
+    verb: str
+    path: str
+    resource_request: bool = False
+    group: str = ""
+    version: str = ""
+    namespace: str = ""
+    resource: str = ""
+    subresource: str = ""
+    name: str = ""
+
+
+def _field_selector_name(query: Mapping[str, list[str]]) -> str:
+    for selector in query.get("fieldSelector", []):
+        for term in selector.split(","):
+            for op in ("==", "="):
+                key, sep, value = term.partition(op)
+                if sep and key.strip() == "metadata.name" and "!" not in key:
+                    return value.strip()
+    return ""
+
+
+def request_attributes(method: str, path: str, query_string: str = "") -> Attributes:
+    """RequestInfoFactory.NewRequestInfo for an API path (prefixes /api and /apis)."""
+    verb = method.lower()
+    parts = [p for p in path.strip("/").split("/") if p != ""]
+    if len(parts) < 3 or parts[0] not in ("api", "apis"):
+        return Attributes(verb=verb, path=path)
+    prefix, parts = parts[0], parts[1:]
+    group = ""
+    if prefix == "apis":
+        if len(parts) < 3:
+            return Attributes(verb=verb, path=path)
+        group, parts = parts[0], parts[1:]
+    version, parts = parts[0], parts[1:]
+    if parts[0] in SPECIAL_VERBS:
+        if len(parts) < 2:
+            return Attributes(verb=verb, path=path)  # upstream errors out; nothing is served there
+        verb, parts = parts[0], parts[1:]
+    else:
+        verb = METHOD_VERBS.get(method.upper(), "")
+    namespace = ""
+    if parts[0] == "namespaces":
+        if len(parts) > 1:
+            namespace = parts[1]
+            if len(parts) > 2 and parts[2] not in NAMESPACE_SUBRESOURCES:
+                parts = parts[2:]
+    resource = parts[0]
+    name = parts[1] if len(parts) >= 2 else ""
+    subresource = parts[2] if len(parts) >= 3 and verb not in SPECIAL_VERBS_NO_SUBRESOURCES else ""
+    query = parse_qs(query_string)
+    if not name and verb == "get":
+        watch = query.get("watch", ["false"])[0].lower() not in ("false", "0")
+        verb = "watch" if watch else "list"
+        name = _field_selector_name(query)
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return Attributes(verb, path, True, group, version, namespace, resource, subresource, name)
+
+
+def access_review(user: User, attrs: Attributes) -> dict:
+    """The authorization.k8s.io/v1 SubjectAccessReview asking whether `user` may do `attrs`."""
+    spec: dict = {"user": user.name, "groups": list(user.groups)}
+    if user.uid:
+        spec["uid"] = user.uid
+    if user.extra:
+        spec["extra"] = {k: list(v) for k, v in user.extra}
+    if attrs.resource_request:
+        spec["resourceAttributes"] = {k: v for k, v in (
+            ("namespace", attrs.namespace), ("verb", attrs.verb), ("group", attrs.group), ("version", attrs.version),
+            ("resource", attrs.resource), ("subresource", attrs.subresource), ("name", attrs.name)) if v}
+    else:
+        spec["nonResourceAttributes"] = {"path": attrs.path, "verb": attrs.verb}
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reason: str = ""
+
+
+def decision_from_review(status: Mapping) -> Decision:
+    """A SubjectAccessReview's status as a decision: allowed only when it says so (no opinion is a denial here, as
+    kube-apiserver's authorizer chain ends)."""
+    reason = status.get("reason") or ""
+    if status.get("evaluationError"):
+        reason = f"{reason}; {status['evaluationError']}" if reason else status["evaluationError"]
+    return Decision(bool(status.get("allowed")) and not status.get("denied"), reason)
+
+
+def forbidden_message(user: User, attrs: Attributes, reason: str = "") -> str:
+    """kube-apiserver's words for a denial (responsewriters.forbiddenMessage wrapped by errors.NewForbidden)."""
+    q = json.dumps  # Go's %q, near enough
+    if not attrs.resource_request:
+        text = f"forbidden: User {q(user.name)} cannot {attrs.verb} path {q(attrs.path)}"
+    else:
+        resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+        scope = f"in the namespace {q(attrs.namespace)}" if attrs.namespace else "at the cluster scope"
+        what = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
+        text = (f"{what} {q(attrs.name)} is forbidden: " if attrs.name else f"{what} is forbidden: ") + \
+            f"User {q(user.name)} cannot {attrs.verb} resource {q(resource)} in API group {q(attrs.group)} {scope}"
+    return text + (f": {reason}" if reason else "")
+
+
+class DecisionCache:
+    """Decisions for (user, attributes), each kept for its TTL, at most `size` of them (least recently used go
+    first). Thread-safe: the server asks from its executor's threads."""
+
+    def __init__(self, *, allow_ttl_s: float, deny_ttl_s: float, size: int, clock: Callable[[], float] = time.monotonic):
+        self.allow_ttl_s, self.deny_ttl_s, self.size, self.clock = allow_ttl_s, deny_ttl_s, size, clock
+        self._entries: OrderedDict[tuple[User, Attributes], tuple[float, Decision]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, user: User, attrs: Attributes) -> Decision | None:
+        key = (user, attrs)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None:
+                return None
+            if self.clock() >= hit[0]:
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return hit[1]
+
+    def put(self, user: User, attrs: Attributes, decision: Decision) -> None:
+        ttl = self.allow_ttl_s if decision.allowed else self.deny_ttl_s
+        if ttl <= 0 or self.size <= 0:
+            return
+        with self._lock:
+            self._entries[(user, attrs)] = (self.clock() + ttl, decision)
+            self._entries.move_to_end((user, attrs))
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class ReviewFailed(Exception):
+    """The SubjectAccessReview could not be made; `code` is what the request gets (503: try again, 500: broken)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class Reviewer(Protocol):
+    def review(self, body: dict) -> dict:
+        """Create the SubjectAccessReview `body`; return its status ({allowed, denied, reason, evaluationError})."""
+
+
+class Authorizer:
+    def __init__(self, reviewer: Reviewer, *, allow_ttl_s: float = 10.0, deny_ttl_s: float = 10.0, size: int = 8192,
+                 always_allow_groups: tuple[str, ...] = ("system:masters",), clock: Callable[[], float] = time.monotonic):
+        self.reviewer = reviewer
+        self.always_allow_groups = frozenset(always_allow_groups)
+        self.cache = DecisionCache(allow_ttl_s=allow_ttl_s, deny_ttl_s=deny_ttl_s, size=size, clock=clock)
+
+    def authorize(self, user: User, attrs: Attributes) -> Decision:
+        """Blocking on a cache miss (run it in an executor). Raises ReviewFailed; failures are not cached."""
+        if self.always_allow_groups.intersection(user.groups):
+            return Decision(True, "privileged group")  # kube-apiserver allows them whatever RBAC says
+        cached = self.cache.get(user, attrs)
+        if cached is not None:
+            return cached
+        decision = decision_from_review(self.reviewer.review(access_review(user, attrs)))
+        self.cache.put(user, attrs, decision)
+        return decision
+
+
+class KubeAccessReviewer:
+    """SubjectAccessReviews through the kubernetes client: the one piece that talks to kube-apiserver. It needs
+    `create` on `subjectaccessreviews.authorization.k8s.io` (ClusterRole system:auth-delegator)."""
+
+    def __init__(self, api, *, timeout_s: float = 10.0):
+        from kubernetes import client
+
+        self.authz = client.AuthorizationV1Api(api)
+        self.timeout_s = timeout_s
+
+    def review(self, body: dict) -> dict:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            result = self.authz.create_subject_access_review(body, _request_timeout=self.timeout_s)
+        except ApiException as exc:
+            if exc.status == 403:
+                raise ReviewFailed(500, "the metrics API may not create SubjectAccessReviews (bind its ServiceAccount "
+                                        f"to ClusterRole system:auth-delegator): {exc.reason}") from None
+            code = 503 if exc.status in (429, 500, 502, 503, 504) or exc.status is None else 500
+            raise ReviewFailed(code, f"SubjectAccessReview failed: {exc.status} {exc.reason}") from None
+        except Exception as exc:  # connection refused, timeout: kube-apiserver unreachable
+            raise ReviewFailed(503, f"SubjectAccessReview failed: {type(exc).__name__}: {exc}") from None
+        status = result.status
+        return {"allowed": bool(status.allowed), "denied": bool(status.denied), "reason": status.reason or "",
+                "evaluationError": status.evaluation_error or ""}

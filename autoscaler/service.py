@@ -1,0 +1,90 @@
+"""`gpuaas autoscaler` as a process: a Lease elector thread (gpuaas/leader.py) decides which replica writes; every
+replica runs the sync loop (a standby decides and writes nothing, so that a new leader starts with the memory of the
+recent load); a new leader syncs at once. /healthz, /readyz and /leader on a small HTTP server.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from gpuaas.leader import LeaderElector
+
+from .config import AutoscalerConfig
+from .controller import COMPONENT, Controller, build, kube_api
+
+log = logging.getLogger("gpuaas.autoscaler")
+
+
+class AutoscalerService:
+    def __init__(self, config: AutoscalerConfig, kubeconfig: str | None = None, *, identity: str | None = None):
+        api = kube_api(kubeconfig)
+        self.elector = LeaderElector.from_config(api, config.leader_election, identity=identity, kubeconfig=kubeconfig,
+                                                 on_change=self._leadership_changed) \
+            if config.leader_election.enabled else None
+        instance = self.elector.identity if self.elector else (identity or COMPONENT)
+        self.controller: Controller = build(config, api=api, instance=instance, may_act=self.is_leader)
+        self.wake = threading.Event()
+
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    def _leadership_changed(self, leader: bool) -> None:
+        """From the elector's thread: a new leader syncs at once rather than at the next interval."""
+        self.controller.first_acting_sync_at = None
+        if leader:
+            self.wake.set()
+
+    def status(self) -> dict:
+        return {"identity": self.elector.identity if self.elector else None, "leader": self.is_leader(),
+                "syncs": self.controller.syncs, "syncs_as_leader": self.controller.syncs_acting,
+                "acquired_at": self.elector.acquired_at if self.elector else None,
+                "first_sync_at": self.controller.first_acting_sync_at}
+
+    def http_server(self, host: str, port: int) -> ThreadingHTTPServer:
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                path = self.path.split("?")[0]
+                if path == "/leader":
+                    code, body, ctype = 200, json.dumps(service.status()), "application/json"
+                elif path in ("/healthz", "/livez"):
+                    code, body, ctype = 200, "ok", "text/plain"
+                elif path == "/readyz":
+                    ok = service.controller.syncs > 0
+                    code, body, ctype = (200, "ok", "text/plain") if ok else (503, "no sync yet", "text/plain")
+                else:
+                    code, body, ctype = 404, f"{path} is not served (/healthz, /readyz, /leader)", "text/plain"
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        return server
+
+    def run(self, stop: threading.Event, *, host: str = "0.0.0.0", port: int = 8091) -> None:
+        server = self.http_server(host, port)
+        threading.Thread(target=server.serve_forever, name="autoscaler-http", daemon=True).start()
+        election_stop = threading.Event()
+        election = None
+        if self.elector is not None:
+            election = threading.Thread(target=self.elector.run, args=(election_stop,), name="leader-election",
+                                        daemon=True)
+            election.start()
+        threading.Thread(target=lambda: (stop.wait(), self.wake.set()), daemon=True).start()
+        try:
+            self.controller.run(stop, self.wake)
+        finally:
+            election_stop.set()
+            if election is not None:
+                election.join(timeout=10)  # releases the lease: the other replica takes over at once
+            server.shutdown()
