@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -59,7 +60,16 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _api_message(exc) -> str:
+    try:
+        return json.loads(exc.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body)
+
+
 def cmd_autoscaler(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
     from .config import ConfigError, load_autoscaler_config
     from .service import AutoscalerService
 
@@ -75,7 +85,13 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
         return 2
     if args.once:
         elector = service.elector
-        if elector is not None and not elector.acquire_once():
+        try:
+            acquired = elector is None or elector.acquire_once()
+        except ApiException as exc:
+            print(f"gpuaas autoscaler: cannot take lease {elector.namespace}/{elector.name}: {exc.status} "
+                  f"{exc.reason}: {_api_message(exc)}", file=sys.stderr)
+            return 1
+        if not acquired:
             holder = elector.observed.holder if elector.observed else None
             print(f"gpuaas autoscaler: lease {elector.namespace}/{elector.name} is held by {holder}: another replica "
                   "is scaling these targets; not syncing", file=sys.stderr)

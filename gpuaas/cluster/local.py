@@ -91,6 +91,9 @@ class LocalCluster:
             account, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
         config = yaml.safe_load(self.kubeconfig.read_text())
         config["users"] = [{"name": u["name"], "user": {"token": token}} for u in config["users"]]
+        # What a pod of this ServiceAccount sees as its own namespace (leader election puts its Lease there).
+        for ctx in config.get("contexts", []):
+            ctx["context"]["namespace"] = namespace
         path = self.kubeconfig.parent / f"{account}.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)

@@ -71,7 +71,7 @@ def lease_rules(name: str, *, watch: bool = True) -> list[dict]:
 
 @contextmanager
 def registered_custom_metrics_api(cluster, namespace: str, port: int, manifest: Path):
-    """The APIServices of `manifest` (deploy/custom-metrics-api.yaml) pointed at a server on 127.0.0.1:`port`, until
+    """The APIServices of `manifest` (deploy/bases/custom-metrics-api/apiservices.yaml) pointed at a server on 127.0.0.1:`port`, until
     the block ends. No kube-proxy here: the Service is an ExternalName `localhost`, which the aggregator resolves
     (without --enable-aggregator-routing) to localhost at the APIService's port, so every packet stays on loopback."""
     service = "gpuaas-custom-metrics"

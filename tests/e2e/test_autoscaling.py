@@ -14,7 +14,6 @@ controller-manager's default 15 s sync, with a 0 s scale-down stabilization wind
 """
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -23,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
+from autoscaler.authz import Authorizer, KubeAccessReviewer
 from autoscaler.config import AutoscalerConfig, ConfigError, MetricsApiConfig, parse
 from autoscaler.controller import CONDITIONS_ANNOTATION, Controller, KubeTargets
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
@@ -37,9 +36,9 @@ from gpuaas.loadgen.replayer import Replayer
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival
 from gpuaas.workloads import gpu_deployment
-from tests.deploy.manifests import DEPLOY, objects
+from tests.deploy.manifests import DEPLOY
 
-from .kube import wait_for
+from .kube import registered_custom_metrics_api, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 AUTOSCALER = DEPLOY / "bases" / "autoscaler"
@@ -196,47 +195,23 @@ def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, autosc
 
 @pytest.fixture
 def metrics_api(cluster, metrics_api_api, prometheus, namespace):
-    """Our custom.metrics.k8s.io server on loopback, registered for v1beta1 and v1beta2."""
+    """Our custom.metrics.k8s.io server on loopback, with authorization on as `gpuaas metrics-api` runs it, registered
+    for v1beta1 and v1beta2 by the APIServices deploy/ ships."""
     pki = cluster.control_plane.pki
-    service = "gpuaas-custom-metrics"
     cert, key = issue_serving_cert(pki, "custom-metrics", "gpuaas-custom-metrics",
-                                   names=(f"{service}.{namespace}.svc", "localhost"), ips=("127.0.0.1",))
+                                   names=(f"gpuaas-custom-metrics.{namespace}.svc", "localhost"), ips=("127.0.0.1",))
     config = parse(MetricsApiConfig, {"prometheus": {"url": prometheus.url, "timeout_s": 2}})
     backend = Backend(config, Prometheus(prometheus.url, timeout_s=2), KubePods(metrics_api_api))
-    server = MetricsApiServer(init_app(backend, config.allowed_client_names), host="127.0.0.1", port=0,
+    server = MetricsApiServer(init_app(backend, config.allowed_client_names,
+                                       Authorizer(KubeAccessReviewer(metrics_api_api))),
+                              host="127.0.0.1", port=0,
                               ssl_context=server_ssl_context(str(cert), str(key), str(pki.front_proxy_ca_cert)))
     server.start()
-    core = client.CoreV1Api(cluster.api)
-    # No kube-proxy here: the Service is an ExternalName `localhost`, which the aggregator resolves (without
-    # --enable-aggregator-routing) to localhost at the APIService's port, so every packet stays on loopback.
-    core.create_namespaced_service(namespace, {"metadata": {"name": service}, "spec": {
-        "type": "ExternalName", "externalName": "localhost",
-        "ports": [{"port": server.port, "name": "https", "protocol": "TCP"}]}})
-    reg = client.ApiregistrationV1Api(cluster.api)
-    ca = base64.b64encode(Path(pki.ca_cert).read_bytes()).decode()
-    names = []
-    # The APIServices deploy/ ships, pointed at this test's Service.
-    for doc in objects(METRICS_API, "APIService"):
-        assert doc["spec"]["service"]["name"] == service
-        doc["spec"]["service"]["namespace"] = namespace
-        doc["spec"]["service"]["port"] = server.port
-        doc["spec"]["caBundle"] = ca
-        reg.create_api_service(doc)
-        names.append(doc["metadata"]["name"])
-    assert sorted(names) == ["v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io"]
-
-    def available():
-        return all(any(c.type == "Available" and c.status == "True" for c in (reg.read_api_service(n).status.conditions
-                                                                              or [])) for n in names)
     try:
-        wait_for(available, timeout=60, what="APIServices Available")
-        yield server
+        with registered_custom_metrics_api(cluster, namespace, server.port, METRICS_API / "apiservices.yaml") as names:
+            assert sorted(names) == ["v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io"]
+            yield server
     finally:
-        for n in names:
-            try:
-                reg.delete_api_service(n)
-            except ApiException:
-                pass
         server.stop()
 
 

@@ -35,17 +35,14 @@ from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival
 from gpuaas.workloads import gpu_deployment
 
-from .kube import rbac_manifest, registered_custom_metrics_api, wait_for
+from .kube import registered_custom_metrics_api, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "custom.metrics.k8s.io"
 HPA_USER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
-# What `gpuaas metrics-api` reads (autoscaler/metrics_api.py KubePods); SubjectAccessReviews come from
-# system:auth-delegator.
-METRICS_API_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get"]},
-]
+# The server runs with the RBAC deploy/ grants it; SubjectAccessReviews come from its system:auth-delegator binding.
+METRICS_API = REPO / "deploy" / "bases" / "custom-metrics-api"
+AUTH_DELEGATOR_BINDING = "gpuaas-custom-metrics-auth-delegator"
 
 
 class RecordingReviewer:
@@ -67,10 +64,7 @@ class RecordingReviewer:
 @pytest.fixture
 def served(cluster, namespace, tmp_path):
     """Queue depth of Deployment llm's pod in Prometheus, and our server registered for it with authorization on."""
-    rbac = tmp_path / "metrics-api-rbac.yaml"
-    rbac.write_text(rbac_manifest("gpuaas-custom-metrics", namespace, cluster_rules=METRICS_API_RULES,
-                                  cluster_roles=["system:auth-delegator"]))
-    api = api_client(cluster.service_account_kubeconfig(rbac, "gpuaas-custom-metrics", namespace=namespace))
+    api = api_client(cluster.service_account_kubeconfig(METRICS_API, "gpuaas-custom-metrics"))
     client.AppsV1Api(cluster.api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
     port = free_port()
     replayer = Replayer(cluster.api, namespace, "llm", [Arrival(float(t), 5000, 20) for t in range(900)],
@@ -87,7 +81,7 @@ def served(cluster, namespace, tmp_path):
         host="127.0.0.1", port=0,
         ssl_context=server_ssl_context(str(cert), str(key), str(pki.front_proxy_ca_cert))).start()
     try:
-        with registered_custom_metrics_api(cluster, namespace, server.port, REPO / "deploy" / "custom-metrics-api.yaml"):
+        with registered_custom_metrics_api(cluster, namespace, server.port, METRICS_API / "apiservices.yaml"):
             yield SimpleNamespace(server=server, reviewer=reviewer, pki=pki)
     finally:
         server.stop()
@@ -163,14 +157,16 @@ def test_only_users_allowed_by_rbac_read_the_metrics_and_the_hpa_still_does(clus
     assert any(a["allowed"] for _, a in served.reviewer.answers_for(HPA_USER))
 
     # No permission to ask kube-apiserver: 500 naming the fix; bound again, the next request is served.
-    binding = f"{namespace}-gpuaas-custom-metrics-system-auth-delegator"
-    saved = rbac.read_cluster_role_binding(binding)
-    rbac.delete_cluster_role_binding(binding)
-    code, status = wait_for(lambda: (r := as_the_aggregator(served, path, f"carol-{time.monotonic_ns()}"))[0] == 500
-                            and r, timeout=30, what="a 500 once the server may not create SubjectAccessReviews")
-    assert "system:auth-delegator" in status["message"] and "cannot authorize user" in status["message"]
-    rbac.create_cluster_role_binding({"metadata": {"name": binding}, "roleRef": saved.role_ref.to_dict(),
-                                      "subjects": [s.to_dict() for s in saved.subjects]})
+    saved = rbac.read_cluster_role_binding(AUTH_DELEGATOR_BINDING)
+    rbac.delete_cluster_role_binding(AUTH_DELEGATOR_BINDING)
+    try:
+        code, status = wait_for(lambda: (r := as_the_aggregator(served, path, f"carol-{time.monotonic_ns()}"))[0]
+                                == 500 and r, timeout=30, what="a 500 once the server may not create SubjectAccessReviews")
+        assert "system:auth-delegator" in status["message"] and "cannot authorize user" in status["message"]
+    finally:
+        rbac.create_cluster_role_binding({"metadata": {"name": AUTH_DELEGATOR_BINDING},
+                                          "roleRef": saved.role_ref.to_dict(),
+                                          "subjects": [s.to_dict() for s in saved.subjects]})
     wait_for(lambda: as_the_aggregator(served, path, f"carol-{time.monotonic_ns()}")[0] == 403, timeout=30,
              what="SubjectAccessReviews answered again (carol has no permission: 403)")
     assert kubectl_raw(cluster, path, "alice").returncode == 0
