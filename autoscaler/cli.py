@@ -111,13 +111,13 @@ def cmd_metrics_api(args: argparse.Namespace) -> int:
     from gpuaas.kubeclient import api_client
 
     from .authz import Authorizer, KubeAccessReviewer
-    from .config import ConfigError, MetricsApiConfig, load_metrics_api_config
+    from .config import ConfigError, load_metrics_api_config
     from .metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
     from .prom import Prometheus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        config = load_metrics_api_config(args.config) if args.config else MetricsApiConfig()
+        config = load_metrics_api_config(args.config)
         ctx = server_ssl_context(args.tls_cert, args.tls_key, args.client_ca)
     except ConfigError as exc:
         print(f"gpuaas metrics-api: refusing to start:\n{exc}", file=sys.stderr)

@@ -24,9 +24,9 @@ import string
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuaas.config import M, ConfigError, load_config, validate  # noqa: F401 (ConfigError: part of this module's API)
 from gpuaas.leader import LeaderElectionConfig
 
 from .policy import QueueDepthConfig
@@ -46,10 +46,6 @@ PLACEHOLDERS = {"namespace", "deployment", "pods", "rate_window", "short_rate_wi
 REQUIRED_QUERIES = ("queue_per_pod", "arrival_rate")
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the file and the field."""
 
 
 class Strict(BaseModel):
@@ -239,34 +235,19 @@ class MetricsApiConfig(Strict):
     authorization: AuthorizationConfig = Field(AuthorizationConfig(), description="who may read which metric: a SubjectAccessReview of the user the aggregator vouches for")
 
 
-def _load(model: type[BaseModel], path: Path | str):
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML: {exc}") from None
-    return parse(model, raw, str(path))
+ENV_PREFIX = "GPUAAS_AUTOSCALER_"
+METRICS_API_ENV_PREFIX = "GPUAAS_METRICS_API_"
 
 
-def parse(model: type[BaseModel], raw: object, where: str = "config"):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping at the top, got {type(raw).__name__}")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top)"
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}: {loc}: {msg}")
-        raise ConfigError("\n".join(lines)) from None
+def parse(model: type[M], raw: object, where: str = "config") -> M:
+    return validate(model, raw, where)
 
 
-def load_autoscaler_config(path: Path | str) -> AutoscalerConfig:
-    return _load(AutoscalerConfig, path)
+def load_autoscaler_config(path: Path | str | None, *, environ: dict[str, str] | None = None) -> AutoscalerConfig:
+    """The file, then GPUAAS_AUTOSCALER_* environment variables (gpuaas/config.py)."""
+    return load_config(AutoscalerConfig, path, env_prefix=ENV_PREFIX, environ=environ)
 
 
-def load_metrics_api_config(path: Path | str) -> MetricsApiConfig:
-    return _load(MetricsApiConfig, path)
+def load_metrics_api_config(path: Path | str | None, *, environ: dict[str, str] | None = None) -> MetricsApiConfig:
+    """The file (optional), then GPUAAS_METRICS_API_* environment variables (gpuaas/config.py)."""
+    return load_config(MetricsApiConfig, path, env_prefix=METRICS_API_ENV_PREFIX, environ=environ)

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
+__all__ = ["ConfigError", "M", "describe_errors", "load_config", "validate"]
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the source and the field."""
@@ -74,6 +76,13 @@ def load_config(model: type[M], path: Path | str | None = None, *, env_prefix: s
     if env:
         source += f" + {env_prefix}* environment"
     data = _merge(_merge(data, env), {k: v for k, v in (overrides or {}).items() if v is not None})
+    return validate(model, data, source)
+
+
+def validate(model: type[M], data: object, source: str = "config") -> M:
+    """`data` (a mapping, e.g. parsed YAML) as `model`, or a ConfigError naming `source` and every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
     try:
         return model.model_validate(data)
     except ValidationError as err:

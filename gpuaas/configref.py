@@ -223,6 +223,7 @@ def _gpu_catalog() -> str:
 
 
 def config_docs() -> list[ConfigDoc]:
+    from autoscaler.config import ENV_PREFIX as AUTOSCALER_ENV, METRICS_API_ENV_PREFIX as METRICS_API_ENV
     from autoscaler.config import AutoscalerConfig, MetricsApiConfig
     from autoscaler.nodes.config import ENV_PREFIX as NODESCALER_ENV, NodeScalerConfig
     from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
@@ -237,21 +238,21 @@ def config_docs() -> list[ConfigDoc]:
                   "  key_file: /etc/gpuaas/tls/tls.key\n",
                   "extender", env_prefix=EXTENDER_ENV, verb="extender", notes=_policies),
         ConfigDoc("Replica autoscaler", AutoscalerConfig,
-                  "`gpuaas autoscaler --config FILE` (`autoscaler/config.py`). Read from the file only (no "
-                  "environment variables); `--dry-run` sets `dry_run`. At start every query is run once: a query "
+                  "`gpuaas autoscaler --config FILE` (`autoscaler/config.py`). Read from the file, then from "
+                  f"`{AUTOSCALER_ENV}*` environment variables; `--dry-run` sets `dry_run`. At start every query is run once: a query "
                   "Prometheus rejects, or a Prometheus that cannot be reached, stops the start.",
                   "prometheus: {url: http://prometheus.monitoring.svc:9090, timeout_s: 5}\ninterval_s: 15\n"
                   "targets:\n  - deployment: llm\n    namespace: inference\n    min_replicas: 1\n"
                   "    max_replicas: 40\n    concurrency: 8\n    cold_start_s: 60\n",
-                  "autoscaler", verb="autoscaler", notes=_default_queries),
+                  "autoscaler", env_prefix=AUTOSCALER_ENV, verb="autoscaler", notes=_default_queries),
         ConfigDoc("Custom metrics API", MetricsApiConfig,
-                  "`gpuaas metrics-api --config FILE` (`autoscaler/config.py`). Read from the file only; without "
-                  "`--config` every default below applies. The TLS files and the front-proxy CA are flags "
+                  "`gpuaas metrics-api --config FILE` (`autoscaler/config.py`). Read from the file (optional), then "
+                  f"from `{METRICS_API_ENV}*` environment variables. The TLS files and the front-proxy CA are flags "
                   "(`--tls-cert`, `--tls-key`, `--client-ca`), as are `--host` and `--port`.",
                   "prometheus: {url: http://prometheus.monitoring.svc:9090, timeout_s: 5}\nmetrics:\n"
                   "  - name: queue_depth\n    series: vllm:num_requests_waiting\n"
                   "allowed_client_names: [front-proxy-client]\n",
-                  "metrics-api", verb="metrics-api"),
+                  "metrics-api", env_prefix=METRICS_API_ENV, verb="metrics-api"),
         ConfigDoc("Node scaler", NodeScalerConfig,
                   "`gpuaas nodescaler --config FILE` (`autoscaler/nodes/config.py`). Read from the file, then from "
                   f"`{NODESCALER_ENV}*` environment variables, then `--dry-run`. A group's `template` is validated "

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoscaler.config import AutoscalerConfig, ConfigError, parse
+from autoscaler.config import AutoscalerConfig, ConfigError, load_autoscaler_config, parse
 from autoscaler.controller import Controller, Observed, gather_signals
 from autoscaler.prom import BadQuery, NoData, PrometheusUnavailable, Sample
 
@@ -175,13 +175,23 @@ def test_nan_for_one_pod_makes_it_missing_and_is_noted():
     ({"targets": [{"deployment": "a", "queries": {"arrival_rate": ""}}]}, "query arrival_rate is required"),
     ({"targets": [{"deployment": "a", "windows": {"rate_window": "1 minute"}}]}, "must be a PromQL duration"),
     ({"prometheus": {"url": "prom:9090"}, "targets": [{"deployment": "a"}]}, "prometheus.url: must be an http(s) URL"),
-    ({"targets": [{"deployment": "a"}], "intervall_s": 3}, "intervall_s: Extra inputs are not permitted"),
+    ({"targets": [{"deployment": "a"}], "intervall_s": 3}, "intervall_s: unknown field"),
     ({"targets": [{"deployment": "a"}, {"deployment": "a"}]}, "target default/a listed more than once"),
 ])
 def test_config_errors_name_the_field(raw, message):
     with pytest.raises(ConfigError) as err:
         parse(AutoscalerConfig, raw, "as.yaml")
-    assert message in str(err.value) and str(err.value).startswith("as.yaml: ")
+    assert message in str(err.value) and str(err.value).startswith("invalid configuration (as.yaml): ")
+
+
+def test_config_file_then_environment(tmp_path):
+    path = tmp_path / "as.yaml"
+    path.write_text("interval_s: 5\ntargets: [{deployment: a}]\n")
+    config = load_autoscaler_config(path, environ={"GPUAAS_AUTOSCALER_DRY_RUN": "true",
+                                                   "GPUAAS_AUTOSCALER_PROMETHEUS__TIMEOUT_S": "2"})
+    assert (config.interval_s, config.dry_run, config.prometheus.timeout_s) == (5, True, 2)
+    with pytest.raises(ConfigError, match=r"as.yaml \+ GPUAAS_AUTOSCALER_\* environment\): interval_s"):
+        load_autoscaler_config(path, environ={"GPUAAS_AUTOSCALER_INTERVAL_S": "-1"})
 
 
 def test_conditions_json_shape():
