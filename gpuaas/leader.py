@@ -165,6 +165,9 @@ class LeaderElector:
         self.last_attempt: float | None = None
         self.acquired_at: float | None = None  # wall time our current term began (the acquiring write returned)
         self._renewed_at: float | None = None  # monotonic time our last successful acquire/renew *started*
+        # Every Lease call ends within the renew deadline, as client-go bounds it: a call that hangs on a dead
+        # connection must not hold the loop past the instant the leader has to stop acting (seen in a chaos run).
+        self._timeout = (min(2.0, renew_deadline_s), renew_deadline_s)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._was_leader = False
@@ -227,7 +230,7 @@ class LeaderElector:
 
         started, now_w = self.clock(), self.wall()
         try:
-            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
+            lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -236,7 +239,7 @@ class LeaderElector:
                     "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_duration_seconds,
                              "acquireTime": _micro(now_w), "renewTime": _micro(now_w), "leaseTransitions": 0}}
             try:
-                created = self.coord.create_namespaced_lease(self.namespace, body)
+                created = self.coord.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout)
             except ApiException as err2:
                 if err2.status == 409:
                     return False
@@ -260,7 +263,8 @@ class LeaderElector:
         body = {"metadata": {"name": self.name, "namespace": self.namespace,
                              "resourceVersion": lease.metadata.resource_version}, "spec": spec_body}
         try:
-            written = self.coord.replace_namespaced_lease(self.name, self.namespace, body)
+            written = self.coord.replace_namespaced_lease(self.name, self.namespace, body,
+                                                           _request_timeout=self._timeout)
         except ApiException as err:
             if err.status == 409:  # someone else wrote it first
                 return False
@@ -280,13 +284,14 @@ class LeaderElector:
         from kubernetes.client.rest import ApiException
 
         try:
-            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
+            lease = self.coord.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
             if lease.spec.holder_identity == self.identity:
                 body = {"metadata": {"name": self.name, "namespace": self.namespace,
                                      "resourceVersion": lease.metadata.resource_version},
                         "spec": {"holderIdentity": None, "leaseDurationSeconds": 1,
                                  "leaseTransitions": lease.spec.lease_transitions or 0}}
-                self.coord.replace_namespaced_lease(self.name, self.namespace, body)
+                self.coord.replace_namespaced_lease(self.name, self.namespace, body,
+                                                           _request_timeout=self._timeout)
         except ApiException as err:
             log.warning("releasing lease %s/%s: %s", self.namespace, self.name, err.reason)
         self._set(None)

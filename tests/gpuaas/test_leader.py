@@ -37,17 +37,17 @@ class FakeCoordination:
         self.on_write(obj)
         return obj
 
-    def read_namespaced_lease(self, name, namespace):
+    def read_namespaced_lease(self, name, namespace, _request_timeout=None):
         if self.lease is None:
             raise ApiException(status=404)
         return self._obj()
 
-    def create_namespaced_lease(self, namespace, body):
+    def create_namespaced_lease(self, namespace, body, _request_timeout=None):
         if self.lease is not None:
             raise ApiException(status=409)
         return self._store(body)
 
-    def replace_namespaced_lease(self, name, namespace, body):
+    def replace_namespaced_lease(self, name, namespace, body, _request_timeout=None):
         if body["metadata"]["resourceVersion"] != str(self.rv):
             raise ApiException(status=409)
         return self._store(body)
@@ -106,13 +106,29 @@ def test_racing_writers_one_wins_by_resource_version():
     store_rv = store.rv
     real_replace = store.replace_namespaced_lease
 
-    def racing_replace(name, namespace, body):  # a renews between b's read and b's write
+    def racing_replace(name, namespace, body, _request_timeout=None):  # a renews between b's read and b's write
         store.rv += 1
         return real_replace(name, namespace, body)
 
     store.replace_namespaced_lease = racing_replace
     assert b.try_acquire_or_renew() is False
     assert store.rv == store_rv + 1 and store.lease["spec"]["holderIdentity"] == "a"
+
+
+def test_every_lease_call_is_bounded_by_the_renew_deadline():
+    # A call hanging on a dead connection must not hold the loop past the instant the leader has to stop acting.
+    store, clock = FakeCoordination(), {"t": 0.0}
+    timeouts = []
+    for verb in ("read_namespaced_lease", "create_namespaced_lease", "replace_namespaced_lease"):
+        real = getattr(store, verb)
+        setattr(store, verb, lambda *a, _real=real, _request_timeout=None: (timeouts.append(_request_timeout),
+                                                                            _real(*a))[1])
+    a = elector(store, "a", clock, deadline=3, duration=4, retry=0.5)
+    a.try_acquire_or_renew()  # read (404), create
+    clock["t"] = 0.5
+    a.try_acquire_or_renew()  # read, replace
+    a.release()  # read, replace
+    assert len(timeouts) == 6 and all(t is not None and max(t) <= 3 for t in timeouts)
 
 
 def test_release_lets_the_next_candidate_in_at_once():
