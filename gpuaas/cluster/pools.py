@@ -17,6 +17,11 @@ A pool spec is YAML:
       pods: 110
       labels: {team: research}
       taints: [{key: dedicated, value: research, effect: NoSchedule}]
+      autoscale:                 # optional: a node group `gpuaas nodescaler` grows and shrinks (count = initial size)
+        minSize: 0
+        maxSize: 6
+        provisioningDelaySeconds: 30   # KWOK provider: GPUs are advertised this long after the grow request
+        costPerHour: 32.77
 
 Every field is checked before any process starts; an unknown field, a negative count or a MIG layout that does not fit
 the GPU model is refused with a message naming the field. The nodes carry what GPU feature discovery and the NVIDIA
@@ -123,6 +128,20 @@ class GpuSpec(_Strict):
         return "custom-" + "-".join(f"{n}x{p}" for p, n in sorted(self.mig.items()))
 
 
+class Autoscale(_Strict):
+    """A pool that is also a node group of `gpuaas nodescaler` (autoscaler/nodes/config.py NodeGroupConfig)."""
+    min_size: int = Field(default=0, ge=0)
+    max_size: int = Field(ge=1)
+    provisioning_delay_s: float = Field(default=0.0, ge=0, alias="provisioningDelaySeconds")
+    cost_per_hour: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "Autoscale":
+        if self.min_size > self.max_size:
+            raise ValueError(f"minSize {self.min_size} is more than maxSize {self.max_size}")
+        return self
+
+
 class Pool(_Strict):
     name: str
     count: int = Field(ge=0, le=5000)
@@ -132,6 +151,18 @@ class Pool(_Strict):
     pods: int = Field(default=110, ge=1)
     labels: dict[str, str] = {}
     taints: list[Taint] = []
+    autoscale: Autoscale | None = None
+
+    @model_validator(mode="after")
+    def _count_within_group_bounds(self) -> "Pool":
+        a = self.autoscale
+        if a is not None and not a.min_size <= self.count <= a.max_size:
+            raise ValueError(f"count {self.count} is outside autoscale [minSize {a.min_size}, maxSize {a.max_size}]")
+        return self
+
+    def template(self) -> dict[str, Any]:
+        """The pool without name, count and autoscale: a node-group template (what each node of the pool is)."""
+        return self.model_dump(by_alias=True, exclude={"name", "count", "autoscale"}, exclude_defaults=True)
 
     @field_validator("name")
     @classmethod
