@@ -16,6 +16,9 @@ from .nodes import create_nodes, wait_nodes_ready
 from .pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects
 
 
+RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+
+
 def builtin_pool_specs() -> list[str]:
     return sorted(p.name.removesuffix(".yaml") for p in resources.files("gpuaas.pools").iterdir()
                   if p.name.endswith(".yaml"))
@@ -67,15 +70,19 @@ class LocalCluster:
         return {"nodes": float(len(nodes)), "nodes_created_s": created, "nodes_ready_s": time.monotonic() - t0}
 
     def service_account_kubeconfig(self, rbac: Path, account: str, namespace: str = "gpuaas-system") -> Path:
-        """Apply the RBAC manifest `rbac` (a file of deploy/) into `namespace` and write a kubeconfig that holds a
-        token of ServiceAccount `account`: a component started with it has exactly the permissions gpuaas ships."""
+        """Apply the RBAC objects of manifest `rbac` (a file of deploy/; its other objects, such as the component's
+        own Deployment, are left out) into `namespace` and write a kubeconfig that holds a token of ServiceAccount
+        `account`: a component started with it has exactly the permissions gpuaas ships."""
         core = client.CoreV1Api(self.api)
         try:
             core.create_namespace({"metadata": {"name": namespace}})
         except ApiException as err:
             if err.status != 409:
                 raise
-        self.control_plane.kubectl("apply", "-n", namespace, "-f", str(rbac))
+        docs = [d for d in yaml.safe_load_all(Path(rbac).read_text()) if d and d.get("kind") in RBAC_KINDS]
+        if not any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account for d in docs):
+            raise ValueError(f"{rbac} has no ServiceAccount {account}")
+        self.control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs))
         token = core.create_namespaced_service_account_token(
             account, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
         config = yaml.safe_load(self.kubeconfig.read_text())

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION
 from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
-from gpuaas.cluster.components import ComponentProcess
+from gpuaas.cluster.components import ComponentProcess, nodescaler_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.cluster.pools import parse_pool_spec
@@ -58,31 +58,12 @@ def config(**over) -> dict:
 def nodescaler(workdir: Path, kubeconfig: Path, cfg: dict, name: str = "gpuaas-nodescaler") -> ComponentProcess:
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = ComponentProcess(name, [], workdir)
-    proc.args = ["nodescaler", "--config", str(path), "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1",
-                 "--port", str(proc.port), "--identity", name]
-    return proc
+    return nodescaler_process(workdir, kubeconfig, path, identity=name, name=name)
 
 
 def get(proc: ComponentProcess, path: str) -> str:
     with urllib.request.urlopen(f"{proc.url}{path}", timeout=5) as resp:
         return resp.read().decode()
-
-
-def service_account_kubeconfig(cluster: LocalCluster, workdir: Path) -> Path:
-    """A kubeconfig holding a token of the ServiceAccount deploy/nodescaler/rbac.yaml grants: every nodescaler in these
-    tests runs with exactly the permissions shipped."""
-    core = client.CoreV1Api(cluster.api)
-    core.create_namespace({"metadata": {"name": "gpuaas-system"}})
-    result = cluster.control_plane.kubectl("apply", "-n", "gpuaas-system", "-f", str(DEPLOY / "rbac.yaml"), check=False)
-    assert result.returncode == 0, result.stderr
-    token = core.create_namespaced_service_account_token(
-        "gpuaas-nodescaler", "gpuaas-system", {"spec": {"expirationSeconds": 7200}}).status.token
-    kc = yaml.safe_load(cluster.kubeconfig.read_text())
-    kc["users"] = [{"name": u["name"], "user": {"token": token}} for u in kc["users"]]
-    path = workdir / "nodescaler-sa.kubeconfig"
-    path.write_text(yaml.safe_dump(kc))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +73,8 @@ def env(tmp_path_factory):
     agent = None
     try:
         cluster.up(parse_pool_spec(POOLS))
-        cluster.sa_kubeconfig = service_account_kubeconfig(cluster, workdir)
+        # Every nodescaler in these tests runs with exactly the permissions deploy/nodescaler grants.
+        cluster.sa_kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "rbac.yaml", "gpuaas-nodescaler")
         agent = FakeNodeAgent(cluster.api).start()
         yield cluster, workdir, agent
     finally:
