@@ -1,187 +1,290 @@
-"""`gpuaas demo`: the platform on a local KWOK cluster, end to end.
+"""`gpuaas demo`: the whole platform on a local KWOK GPU cluster, compared with kube-scheduler's default scoring.
 
-Today it brings up the demo fleet (A100 and H100 pools, one MIG-partitioned A100 pool), submits a handful of GPU
-workloads through the real kube-scheduler and prints where each one landed, and why the ones left Pending are waiting.
+    gpuaas demo [--duration 5m] [--speed K] [--out DIR] [--keep] [--no-compare] [--scheduler gpuaas|default]
+
+Brings up the demo fleet (gpuaas/pools/demo.yaml: A100 and H100 pools, a MIG pool, a node group that can grow) with
+the extender, the replica autoscaler, the nodescaler and Prometheus (gpuaas/demo/stack.py), submits the timeline of
+gpuaas/demo/timeline.py (training jobs and gangs, MIG pods, a burst beyond the fleet, inference Deployments on the Azure
+LLM trace), prints a status line per cluster every sample, and at the end writes run.json and the HTML report
+(gpuaas/report), then prints where each pod landed and why the pending ones wait. The same timeline runs at the same
+time on a second cluster whose kube-scheduler has no extender (`--no-compare` skips it).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import shutil
 import sys
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from ..cluster.cli import cluster_dir
+from ..cluster.components import REPO
+from ..cluster.controlplane import ControlPlane, ControlPlaneError
+from ..cluster.local import resolve_pool_spec
+from ..cluster.pools import PoolSpec, PoolSpecError
+from ..cluster.tools import ToolsMissing
+from ..loadgen.trace import TraceError, load_trace
+from .sampling import go_duration, utc_now
+from .stack import RunSettings, Stack
+from .timeline import SLO_QUEUE_WAIT_S, build_timeline, timeline_workload
 
-from .cluster.cli import cluster_dir
-from extender.schedconfig import extender_entry, gpuaas_profile
-
-from .cluster.components import extender_process
-from .cluster.controlplane import ControlPlaneError
-from .cluster.process import free_port
-from .cluster.local import LocalCluster, resolve_pool_spec
-from .cluster.pools import PoolSpecError
-from .cluster.tools import ToolsMissing
-from .workloads import gpu_deployment, gpu_pod
-
-NAMESPACE = "demo"
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    what: str
-    objects: tuple[dict[str, Any], ...]
-
-
-def demo_workloads(ns: str = NAMESPACE) -> list[Workload]:
-    return [
-        Workload("pretrain", "8 GPUs", (gpu_pod("pretrain", ns, gpus=8, cpu="64", memory="512Gi"),)),
-        Workload("finetune-a", "4 GPUs", (gpu_pod("finetune-a", ns, gpus=4, cpu="32", memory="256Gi"),)),
-        Workload("finetune-b", "4 GPUs", (gpu_pod("finetune-b", ns, gpus=4, cpu="32", memory="256Gi"),)),
-        Workload("eval", "2 GPUs, done after 20s", (gpu_pod("eval", ns, gpus=2, complete_after="20s"),)),
-        Workload("notebook", "1 GPU", (gpu_pod("notebook", ns, gpus=1),)),
-        Workload("llm-serve", "Deployment, 3 x 1 GPU", (gpu_deployment("llm-serve", ns, replicas=3, gpus=1),)),
-        Workload("embed", "MIG 1g.10gb", (gpu_pod("embed", ns, mig="1g.10gb"),)),
-        Workload("rerank", "MIG 2g.20gb", (gpu_pod("rerank", ns, mig="2g.20gb"),)),
-        Workload("chat-small", "MIG 3g.40gb", (gpu_pod("chat-small", ns, mig="3g.40gb"),)),
-        Workload("too-big", "16 GPUs in one pod", (gpu_pod("too-big", ns, gpus=16),)),
-    ]
+DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_code.csv"
+SCHEDULERS = ("gpuaas", "default")
+PRIMARY_NAME = "demo"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="run the platform demo on a local KWOK GPU cluster")
-    parser.add_argument("--pools", default="demo", help="pool spec (file or built-in name); default: %(default)s")
-    parser.add_argument("--keep", action="store_true", help="leave the cluster running (stop it with "
+    parser = subparsers.add_parser("demo", help="run the platform on a local KWOK GPU cluster and write a report",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", default="5m", type=parse_duration,
+                        help="how long the workload timeline runs, wall clock (e.g. 60s, 5m); default: %(default)s")
+    parser.add_argument("--speed", default=10.0, type=float,
+                        help="trace time runs K times faster than the wall clock (arrivals, service times, cold "
+                             "starts, scrape and autoscaler periods); default: %(default)s")
+    parser.add_argument("--out", type=Path, help="directory for run.json, report.html and the plots "
+                                                 "(default: the demo cluster's work directory, .../clusters/demo/report)")
+    parser.add_argument("--keep", action="store_true", help="leave the demo cluster running (stop it with "
                                                              "`gpuaas cluster down --name demo`)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for workloads to settle")
-    parser.add_argument("--scheduler", choices=("gpuaas", "default"), default="gpuaas",
-                        help="gpuaas: kube-scheduler calls the gpuaas extender (default); default: kube-scheduler "
-                             "alone, for comparison")
+    parser.add_argument("--no-compare", dest="compare", action="store_false",
+                        help="skip the run with kube-scheduler's default scoring")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default="gpuaas",
+                        help="the scheduler of the demo cluster (the one --keep keeps): gpuaas (kube-scheduler with "
+                             "the gpuaas extender) or default (kube-scheduler alone); the comparison runs the other")
+    parser.add_argument("--pools", default="demo", help="pool spec (file or built-in name); default: %(default)s")
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                        help="request trace of the inference Deployments (Azure LLM format); default: %(default)s")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the training-job stream; default: %(default)s")
     parser.set_defaults(func=run)
 
 
-def submit(api: client.ApiClient, objects: list[dict[str, Any]]) -> None:
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    for obj in objects:
-        ns = obj["metadata"]["namespace"]
-        if obj["kind"] == "Pod":
-            core.create_namespaced_pod(ns, obj)
-        elif obj["kind"] == "Deployment":
-            apps.create_namespaced_deployment(ns, obj)
-        else:
-            raise ValueError(f"demo cannot submit a {obj['kind']}")
+def parse_duration(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = go_duration(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90, 60s, 5m, 1m30s)") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive, got {text!r}")
+    return seconds
 
 
-def _settled(pods: list[client.V1Pod]) -> bool:
-    # Settled: every pod is bound and running or done, or the scheduler has said why it cannot be.
-    return all(p.status.phase in ("Running", "Succeeded") or
-               any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or ())
-               for p in pods)
+# -- the record -------------------------------------------------------------------------------------------------------
+
+def pools_record(pools: PoolSpec) -> list[dict[str, Any]]:
+    return [{"name": p.name, "model": p.gpu.model if p.gpu else "", "gpus_per_node": p.gpu.count if p.gpu else 0,
+             "nodes": p.count, "mig": p.gpu.mig if p.gpu else None, "group": p.autoscale is not None}
+            for p in pools.pools]
 
 
-def placement_table(api: client.ApiClient, ns: str = NAMESPACE) -> list[dict[str, str]]:
-    core = client.CoreV1Api(api)
-    nodes = {n.metadata.name: n for n in core.list_node().items}
-    rows = []
-    for pod in sorted(core.list_namespaced_pod(ns).items, key=lambda p: p.metadata.name):
-        node = nodes.get(pod.spec.node_name or "")
-        requests = pod.spec.containers[0].resources.limits or {}
-        gpu_request = ", ".join(f"{k.removeprefix('nvidia.com/')}={v}" for k, v in requests.items()) or "-"
-        reason = ""
-        if pod.status.phase == "Pending":
-            events = core.list_namespaced_event(
-                ns, field_selector=f"involvedObject.name={pod.metadata.name},reason=FailedScheduling").items
-            reason = _short_reason(events[-1].message) if events else "waiting for the scheduler"
-        rows.append({
-            "pod": pod.metadata.name,
-            "request": gpu_request,
-            "node": pod.spec.node_name or "-",
-            "gpu": node.metadata.labels.get("nvidia.com/gpu.product", "-") if node else "-",
-            "phase": pod.status.phase,
-            "reason": reason,
-        })
-    return rows
+def raw_record(*, started_at: str, duration_s: float, speed: float, pools: PoolSpec,
+               runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"version": 1, "started_at": started_at, "duration_s": duration_s, "speed": speed,
+            "slo_queue_wait_s": SLO_QUEUE_WAIT_S, "pools": pools_record(pools), "runs": runs}
 
 
-def _short_reason(message: str) -> str:
-    """The scheduler's verdict without its preemption and DRA postscripts."""
-    head = message.split(" preemption:")[0].replace(" no new claims to deallocate,", "")
-    return head.rstrip(" ,.") + "."
+def with_summaries(raw: dict[str, Any]) -> dict[str, Any]:
+    """The run record validated by gpuaas.report's RunRecord (RunRecordError names a bad field), each run's summary
+    computed the report's way."""
+    from ..report import compute_summary, parse_run_record
+
+    record = parse_run_record(raw)
+    runs = {k: run.model_copy(update={"summary": compute_summary(run)}) for k, run in record.runs.items()}
+    return record.model_copy(update={"runs": runs}).model_dump(mode="json")
 
 
-def summary(api: client.ApiClient, rows: list[dict[str, str]], scheduler: str) -> str:
-    """What the placement leaves for the next big job: GPU nodes left completely free."""
-    nodes = [n for n in client.CoreV1Api(api).list_node().items
-             if int(n.status.allocatable.get("nvidia.com/gpu", "0")) > 0]
-    busy = {r["node"] for r in rows if r["phase"] in ("Running", "Pending") and r["node"] != "-"}
-    free = [n.metadata.name for n in nodes if n.metadata.name not in busy]
-    return (f"\nscheduler: {scheduler}; whole-GPU nodes left completely free for 8-GPU jobs: {len(free)} of "
-            f"{len(nodes)} ({', '.join(free) or 'none'})")
+# -- the terminal -----------------------------------------------------------------------------------------------------
+
+def status_line(scheduler: str, sample: dict[str, Any], slo: tuple[int, int], dead: list[str]) -> str:
+    reps = "+".join(str(d["replicas"]) for d in sample["deployments"].values()) or "-"
+    met, total = slo
+    return (f"{sample['t']:6.0f}s {scheduler:<7} nodes {sample['nodes']:2d} ({sample['gpu_nodes_ready']:2d} GPU-ready)"
+            f"  GPUs {sample['gpus_allocated']:5.1f}/{sample['gpus_total']:<3d} {sample['allocation_ratio']:4.0%}"
+            f"  frag {sample['fragmentation_ratio']:4.0%}  pods {sample['pods_running']:3d} running"
+            f" {sample['pods_pending']:2d} pending {sample['pods_succeeded']:3d} done  replicas {reps}"
+            f"  SLO {f'{met / total:.1%}' if total else '-'}" + (f"  DEAD: {', '.join(dead)}" if dead else ""))
 
 
-def print_table(rows: list[dict[str, str]], out=sys.stdout) -> None:
-    cols = ("pod", "request", "node", "gpu", "phase")
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
-    print("  ".join(c.upper().ljust(widths[c]) for c in cols), file=out)
+def print_table(final: dict[str, Any], out=sys.stdout) -> None:
+    """Where each pod that holds GPUs runs, then the pending pods with the scheduler's reason."""
+    rows = [(p["pod"], p["request"], p["node"], p["gpu"] or "-", "Running") for p in final["placements"]]
+    rows += [(p["pod"], "", "-", "-", "Pending") for p in final["pending"]]
+    head = ("POD", "REQUEST", "NODE", "GPU", "PHASE")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)), file=out)
+    reasons = {p["pod"]: p["reason"] for p in final["pending"]}
     for r in rows:
-        print("  ".join(r[c].ljust(widths[c]) for c in cols), file=out)
-        if r["reason"]:
-            print(f"    why pending: {r['reason']}", file=out)
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)), file=out)
+        if r[0] in reasons:
+            print(f"    why pending: {reasons[r[0]]}", file=out)
+
+
+def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
+    s, final = run["summary"], run["final"]
+    whole = [n for n in final["gpu_nodes"] if n["whole_gpus"] > 0]
+
+    def pct(x):
+        return "-" if x is None else f"{x:.1%}"
+
+    gangs = [e for e in run["events"] if e["kind"] == "GangAdmitted"]
+    return (f"{scheduler:<7}: mean GPU allocation {pct(s['mean_allocation_ratio'])}, SLO attainment "
+            f"{pct(s['slo_attainment'])}, GPU-node-hours {s['gpu_node_hours']:.2f}, nodes at the end {final['nodes']}"
+            f" (at most {max(x['nodes'] for x in run['samples'])}), gangs admitted {len(gangs)} of {gangs_total}, "
+            f"pods pending at the "
+            f"end {final['pods_pending']}; whole-GPU nodes left completely free for 8-GPU jobs: "
+            f"{s['whole_nodes_free_at_end']} of {len(whole)}")
+
+
+# -- the run ----------------------------------------------------------------------------------------------------------
+
+def _fresh_workdir(name: str) -> Path:
+    workdir = cluster_dir(name)
+    if (workdir / "state.json").exists() and ControlPlane(workdir, name=name).attach_existing():
+        raise ControlPlaneError(f"cluster {name} is still running from an earlier demo; stop it with "
+                                f"`gpuaas cluster down --name {name}`")
+    if workdir.exists():
+        shutil.rmtree(workdir)  # the previous demo's logs, data and report
+    (workdir / "logs").mkdir(parents=True)
+    return workdir
+
+
+def _parallel(calls: list) -> list:
+    """Run the calls in threads; re-raise the first exception."""
+    results: list = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def call(i, f):
+        try:
+            results[i] = f()
+        except BaseException as err:  # noqa: BLE001 (re-raised below, in the caller's thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=call, args=(i, f)) for i, f in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def run(args: argparse.Namespace) -> int:
+    wall0 = time.monotonic()
     try:
         pools = resolve_pool_spec(args.pools)
     except PoolSpecError as err:
         print(f"gpuaas demo: {err}", file=sys.stderr)
         return 2
-    workdir: Path = cluster_dir("demo")
-    if workdir.exists() and not (workdir / "state.json").exists():
-        shutil.rmtree(workdir)  # the previous demo's logs
-    port = free_port()
-    with_gpuaas = args.scheduler == "gpuaas"
-    cluster = LocalCluster(workdir, name="demo", owned=not args.keep,
-                           extenders=[extender_entry(f"http://127.0.0.1:{port}")] if with_gpuaas else None,
-                           scheduler_profiles=[gpuaas_profile("default-scheduler")] if with_gpuaas else None)
-    extender = extender_process(workdir, cluster.kubeconfig, port=port) if with_gpuaas else None
+    if args.speed <= 0:
+        print(f"gpuaas demo: --speed must be positive, got {args.speed:g}", file=sys.stderr)
+        return 2
     try:
-        print(f"starting a local control plane with {pools.node_count} KWOK GPU nodes ...", flush=True)
-        timings = cluster.up(pools)
-        print(f"cluster ready in {timings['total_s']:.1f}s; kubeconfig {cluster.kubeconfig}", flush=True)
-        if extender:
-            extender.start()
-            print(f"gpuaas extender serving kube-scheduler at {extender.url} (log {extender.log})", flush=True)
-        client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": NAMESPACE}})
-        workloads = demo_workloads()
-        for w in workloads:
-            print(f"  submit {w.name:<12} {w.what}")
-        submit(cluster.api, [o for w in workloads for o in w.objects])
-        deadline = time.monotonic() + args.timeout
-        core = client.CoreV1Api(cluster.api)
-        expected = sum(o["spec"].get("replicas", 1) for w in workloads for o in w.objects)
-        while time.monotonic() < deadline:
-            pods = core.list_namespaced_pod(NAMESPACE).items
-            if len(pods) >= expected and _settled(pods):
+        trace = load_trace(args.trace)
+    except (TraceError, OSError) as err:
+        print(f"gpuaas demo: --trace: {err}", file=sys.stderr)
+        return 2
+    schedulers = [args.scheduler] + ([s for s in SCHEDULERS if s != args.scheduler] if args.compare else [])
+    names = {s: PRIMARY_NAME if i == 0 else f"{PRIMARY_NAME}-{s}" for i, s in enumerate(schedulers)}
+    try:
+        workdirs = {s: _fresh_workdir(names[s]) for s in schedulers}
+    except (ControlPlaneError, ToolsMissing) as err:
+        print(f"gpuaas demo: {err}", file=sys.stderr)
+        return 1
+    primary_dir = workdirs[schedulers[0]]
+    outdir = args.out or primary_dir / "report"
+    logging.basicConfig(filename=primary_dir / "logs" / "demo.log", level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    timeline = build_timeline(args.duration, seed=args.seed)
+    settings = RunSettings(duration_s=args.duration, speed=args.speed, trace=trace, timeline=timeline,
+                           workload=timeline_workload(timeline), sample_s=max(2.0, args.duration / 60))
+    stacks: list[Stack] = []
+    try:
+        stacks = [Stack(s, names[s], workdirs[s], pools, settings, owned=not (args.keep and i == 0))
+                  for i, s in enumerate(schedulers)]
+        gpus = sum(p.count * (p.gpu.count if p.gpu else 0) for p in pools.pools)
+        print(f"starting {len(stacks)} local control plane(s) with {pools.node_count} KWOK GPU nodes ({gpus} GPUs) "
+              f"each: {', '.join(f'{s.name} ({s.scheduler})' for s in stacks)} ...", flush=True)
+        timings = [s.up() for s in stacks]  # in this thread: the processes die with the thread that started them
+        for s in stacks:
+            s.wait_ready()
+        for s, t in zip(stacks, timings):
+            print(f"  {s.name}: cluster ready in {t['total_s']:.1f}s; Prometheus {s.prometheus.url}; "
+                  f"{', '.join(c.name for c in s.components)} running under their ServiceAccounts; "
+                  f"logs {s.workdir / 'logs'}")
+        print(f"\ntimeline over {args.duration:g}s (trace {args.trace.name} at {args.speed:g}x):")
+        for svc in settings.services:
+            print(f"  {'before':>7}  {svc.name:<13} {svc.what}")
+        for sub in timeline:
+            print(f"  {sub.at_s:6.1f}s  {sub.name:<13} {sub.what}")
+        print(f"\nevery {settings.sample_s:g}s, per cluster: nodes (GPU nodes ready), GPUs allocated, fragmentation, "
+              f"pods, replicas of {' + '.join(svc.name for svc in settings.services)}, share of requests within the "
+              f"{SLO_QUEUE_WAIT_S:g}s queue-wait SLO so far\n", flush=True)
+        t0, epoch, started_at = time.monotonic(), time.time(), utc_now()
+        for s in stacks:
+            s.start(t0, epoch)
+        samples: dict[str, list[dict[str, Any]]] = {s.scheduler: [] for s in stacks}
+        next_sample = 0.0
+        while True:
+            for s in stacks:
+                try:
+                    sample = s.sample()
+                except Exception as err:  # an apiserver or Prometheus blip costs a sample, not the run
+                    logging.getLogger("gpuaas.demo").exception("sampling %s", s.name)
+                    print(f"{s.elapsed():6.0f}s {s.scheduler:<7} no sample: {err}", flush=True)
+                    continue
+                samples[s.scheduler].append(sample)
+                print(status_line(s.scheduler, sample, s.slo_so_far(), s.dead_components()), flush=True)
+            elapsed = time.monotonic() - t0
+            if elapsed >= args.duration:
                 break
-            time.sleep(0.5)
-        print()
-        rows = placement_table(cluster.api)
-        print_table(rows)
-        print(summary(cluster.api, rows, args.scheduler))
+            next_sample += settings.sample_s
+            time.sleep(max(0.0, min(next_sample, args.duration) - (time.monotonic() - t0)))
+        print(f"\nthe timeline is over after {time.monotonic() - t0:.0f}s; stopping the autoscalers and the load, "
+              "waiting for the clusters to settle ...", flush=True)
+        settle0 = time.monotonic()
+        finals = _parallel([s.finish for s in stacks])
+        print(f"settled in {time.monotonic() - settle0:.0f}s; final state read", flush=True)
+        runs = {s.scheduler: {"scheduler": s.scheduler, "samples": samples[s.scheduler], "events": s.events,
+                              "final": final} for s, final in zip(stacks, finals)}
+        raw = raw_record(started_at=started_at, duration_s=args.duration, speed=args.speed, pools=pools, runs=runs)
+        outdir.mkdir(parents=True, exist_ok=True)
+        (outdir / "run.json").write_text(json.dumps(raw, indent=1))  # kept as it is if it does not validate
+        from ..report import RunRecordError, write_report
+
+        try:
+            record = with_summaries(raw)
+        except RunRecordError as err:
+            print(f"gpuaas demo: the run record {outdir / 'run.json'} is not valid, no report: {err}",
+                  file=sys.stderr)
+            return 1
+        (outdir / "run.json").write_text(json.dumps(record, indent=1))
+        report = write_report(record, outdir)
+        primary = record["runs"][schedulers[0]]
+        print(f"\n{names[schedulers[0]]} ({schedulers[0]}) at the end:")
+        print_table(primary["final"])
+        done = primary["final"]["pods_succeeded"]
+        print(f"({done} pods finished during the run)\n")
+        gangs = sum(1 for sub in timeline if sub.kind == "gang")
+        for s in schedulers:
+            print(summary_line(s, record["runs"][s], gangs))
+        errors = [e for s in stacks for e in s.submit_errors]
+        if errors:
+            print(f"\nsubmissions that failed: {'; '.join(errors)}")
+        print(f"\nrun record {outdir / 'run.json'}\nreport {report}")
         if args.keep:
-            print(f"\nthe cluster keeps running: export KUBECONFIG={cluster.kubeconfig}; "
-                  f"stop it with `gpuaas cluster down --name demo`"
-                  + (" (the extender stops when this command exits: GPU pods created later stay Pending)"
-                     if extender else ""))
+            print(f"the cluster keeps running: export KUBECONFIG={stacks[0].cluster.kubeconfig}; stop it with "
+                  f"`gpuaas cluster down --name {PRIMARY_NAME}` (gpuaas's components stopped with this command: "
+                  "GPU pods created from now on stay Pending)")
+        print(f"total wall time {time.monotonic() - wall0:.0f}s")
         return 0
-    except (ToolsMissing, ControlPlaneError, TimeoutError) as err:
+    except (ToolsMissing, ControlPlaneError, TimeoutError, RuntimeError) as err:
         print(f"gpuaas demo: {err}", file=sys.stderr)
         return 1
     finally:
-        if not args.keep:
-            if extender:
-                extender.stop()
-            cluster.down()
+        _parallel([lambda s=s, i=i: s.down(keep=args.keep and i == 0) for i, s in enumerate(stacks)])
