@@ -279,7 +279,7 @@ class Stack:
         return [c.name for c in self.components if c.popen is not None and not c.running()]
 
     # -- the end -------------------------------------------------------------------------------------------------------
-    def finish(self, quiet_s: float = 30.0, timeout: float = 90.0) -> dict[str, Any]:
+    def finish(self, quiet_s: float = 20.0, timeout: float = 90.0) -> dict[str, Any]:
         """Stop the timeline, the autoscalers, the node agent and the load; wait until nothing moves for `quiet_s`
         (no pod starting or terminating, every Deployment at its count, no job due to finish); read the scheduler's
         reasons for pending pods; stop the extender; read the final state, as `kubectl` will show it afterwards."""
