@@ -20,7 +20,7 @@ REPORT_FILENAME = "report.html"
 
 
 def write_report(run: dict[str, Any] | RunRecord, outdir: Path) -> Path:
-    """Validate `run` (RunRecordError names a bad field), write the plots and the page into `outdir`; the page's path."""
+    """Validate `run` (RunRecordError names a bad field), write the plots and the page into `outdir`; its path."""
     record = parse_run_record(run)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,10 @@ from .model import RunRecordError, load_run_record
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="write the HTML report (with PNG plots) of a demo run record",
-                                   description=__doc__.splitlines()[0])
+                                   description="Render the report of a `gpuaas demo` run again from its run.json: "
+                                               "report.html and its PNG plots.")
     parser.add_argument("run_json", metavar="RUN_JSON", type=Path, help="the run.json that `gpuaas demo` wrote")
-    parser.add_argument("--out", type=Path, help="directory for report.html and its plots (default: beside RUN_JSON)")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="directory for report.html and its plots (default: beside RUN_JSON)")
     parser.set_defaults(func=run)
 
 

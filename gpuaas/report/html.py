@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 from .model import Final, Run, RunRecord
 from .plots import Plot
-from .summary import SummaryFigure, summary_figures, whole_gpu_nodes
+from .summary import SummaryFigure, free_whole_gpu_nodes, summary_figures, whole_gpu_nodes
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -39,11 +39,11 @@ def _text(value: object) -> Html:
     return value if isinstance(value, Html) else Html(html.escape(str(value)))
 
 
-def _table(headers: Sequence[object], rows: Iterable[Sequence[object]], numeric_from: int = 99) -> Html:
+def _table(headers: Sequence[object], rows: Iterable[Sequence[object]], numeric_from: int | None = None) -> Html:
     """A table; columns from `numeric_from` on are right-aligned numbers."""
     head = "".join(f"<th>{_text(h)}</th>" for h in headers)
     body = "".join(
-        "<tr>" + "".join(f"<td{' class=num' if i >= numeric_from else ''}>{_text(c)}</td>"
+        "<tr>" + "".join(f"<td{' class=num' if numeric_from is not None and i >= numeric_from else ''}>{_text(c)}</td>"
                          for i, c in enumerate(row)) + "</tr>\n" for row in rows)
     return Html(f"<table><tr>{head}</tr>\n{body}</table>\n")
 
@@ -96,6 +96,12 @@ def _final_rows(final: Final | None) -> list[object]:
             final.pods_pending, final.pods_succeeded]
 
 
+def _free_nodes(final: Final | None) -> str:
+    if final is None or final.gpu_nodes is None:
+        return "-"
+    return ", ".join(free_whole_gpu_nodes(final)) or "none"
+
+
 def final_section(record: RunRecord) -> Html:
     runs = record.ordered_runs()
     labels = ["nodes", "GPUs allocated", "pods running", "pods pending", "pods succeeded"]
@@ -104,6 +110,8 @@ def final_section(record: RunRecord) -> Html:
     deployments = sorted({d for run in runs if run.final for d in run.final.replicas})
     rows += [[f"replicas {d}", *(run.final.replicas.get(d, "-") if run.final else "-" for run in runs)]
              for d in deployments]
+    if any(run.final and run.final.gpu_nodes is not None for run in runs):
+        rows.append(["whole-GPU nodes free", *(_free_nodes(run.final) for run in runs)])
     out = "<h2>State at the end</h2>\n<p class=note>Read from the apiserver at the end of each run.</p>\n"
     out += _table(["", *(r.scheduler for r in runs)], rows, numeric_from=1)
     for run in runs:

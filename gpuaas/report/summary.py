@@ -8,8 +8,8 @@
 - gpu_node_hours: GPU nodes ready, integrated over wall-clock time (each sample's count held until the next sample);
 - whole_nodes_free_at_end: GPU nodes with whole GPUs (not all MIG) and nothing allocated, from final.gpu_nodes.
 
-`gpuaas demo` fills in its record's summary with `compute_summary`, so a disagreement means the record was changed
-or written by something else; the report then shows both numbers.
+A writer should fill in the record's summary with `compute_summary`; a disagreement then means the record was changed
+or computed some other way, and the report shows both numbers.
 """
 from __future__ import annotations
 
@@ -57,10 +57,15 @@ def whole_gpu_nodes(final: Final | None) -> list[str] | None:
     return [n.name for n in final.gpu_nodes if n.whole_gpus > 0]
 
 
+def free_whole_gpu_nodes(final: Final) -> list[str]:
+    """Whole-GPU nodes with nothing allocated: where the next 8-GPU job can go."""
+    return [n.name for n in final.gpu_nodes or () if n.whole_gpus > 0 and n.gpus_allocated == 0]
+
+
 def whole_nodes_free_at_end(final: Final | None) -> int | None:
     if final is None or final.gpu_nodes is None:
         return None
-    return sum(1 for n in final.gpu_nodes if n.whole_gpus > 0 and n.gpus_allocated == 0)
+    return len(free_whole_gpu_nodes(final))
 
 
 def compute_summary(run: Run) -> Summary:

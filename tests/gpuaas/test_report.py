@@ -10,7 +10,7 @@ import pytest
 from matplotlib.image import imread
 
 from gpuaas.cli import main
-from gpuaas.report import RunRecordError, compute_summary, parse_run_record, write_report
+from gpuaas.report import RunRecordError, compute_summary, load_run_record, parse_run_record, write_report
 from gpuaas.report.plots import COLORS, SLO_COLOR
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -115,6 +115,34 @@ def test_report_of_both_runs(tmp_path):
     assert "training/too-big" in html and "Insufficient gpu." in html and "a100-5" in html
     assert "2 -&gt; 3 replicas" in html
     assert "1g.10gb x7" in html
+    assert "<td>whole-GPU nodes free</td><td class=num>a100-0, a100-1, a100-2</td><td class=num>none</td>" in html
+
+
+def test_record_built_through_the_model_round_trips(tmp_path):
+    """What the demo does: build the record with the model, write run.json, and the report reads it back equal."""
+    record = parse_run_record(make_record())
+    run_json = tmp_path / "run.json"
+    run_json.write_text(record.model_dump_json(indent=1))
+    assert load_run_record(run_json) == record
+    assert json.loads(run_json.read_text())["started_at"] == "2026-11-21T10:00:00Z"
+
+
+def test_queue_wait_far_past_the_slo_still_shows_the_slo_line(tmp_path):
+    record = make_record()
+    for i, s in enumerate(record["runs"]["default"]["samples"]):
+        s["deployments"]["llm-chat"]["queue_wait_p99_s"] = 30.0 * i  # a backlog building to minutes
+    write_report(record, tmp_path)
+    png = _check_png(tmp_path / "queue_wait.png")
+    red = (np.abs(png[:, :, :3] - np.array([0xd6, 0x27, 0x28]) / 255).max(axis=2) < 0.06).sum(axis=1)
+    dark = (png[:, :, :3].max(axis=2) < 0.2).sum(axis=1)
+    half = png.shape[0] // 2
+    # The lower panel (llm-chat) goes on a log scale above the SLO: its SLO line (the row with the most red) stands
+    # well clear of the panel's floor (its lowest black spine), where on a linear 0..270 s axis 2 s would sit on it.
+    slo_row = half + int(np.argmax(red[half:]))
+    spines = half + np.nonzero(dark[half:] > png.shape[1] // 2)[0]
+    top, floor = spines.min(), spines.max()
+    assert red[slo_row] > png.shape[1] // 2 and top < slo_row < floor
+    assert floor - slo_row > 0.2 * (floor - top)
 
 
 def test_recorded_summary_is_shown_and_checked(tmp_path):
@@ -190,7 +218,8 @@ def test_text_from_the_cluster_is_escaped(tmp_path):
     (lambda r: r["runs"]["gpuaas"]["samples"][3].update(t=1.0),
      "samples[3].t 1 is before samples[2].t 180"),
     (lambda r: r["runs"]["default"].update(scheduler="gpuaas"), "runs.default.scheduler is 'gpuaas'"),
-    (lambda r: r["runs"].update(kube={"scheduler": "default"}), "runs.kube.[key]: Input should be 'gpuaas' or 'default'"),
+    (lambda r: r["runs"].update(kube={"scheduler": "default"}),
+     "runs.kube.[key]: Input should be 'gpuaas' or 'default'"),
     (lambda r: r["runs"]["gpuaas"]["final"]["pending"][0].pop("reason"),
      "runs.gpuaas.final.pending.0.reason: Field required"),
     (lambda r: r.update(slo_queue_wait_s=0), "slo_queue_wait_s: Input should be greater than 0"),
