@@ -6,11 +6,11 @@ Counting rules (the end-to-end test checks `final` against `kubectl` with the sa
 - nodes: every Node object; GPU nodes ready: Ready and advertising their GPUs (a node the nodescaler just added has
   neither until its device plugin registers);
 - GPUs: whole-GPU equivalents. Total: the GPUs of the nodes that advertise them (a MIG-enabled GPU counts as one).
-  Allocated: what pods bound to a node and not finished request: whole GPUs, a MIG instance as its compute slices over
-  the GPU's (1g.10gb on an A100 = 1/7), a GPU share as its thousandths;
+  Allocated: what pods bound to those nodes and not finished request: whole GPUs, a MIG instance as its compute
+  slices over the GPU's (1g.10gb on an A100 = 1/7), a GPU share as its thousandths;
 - pods: by phase, over all namespaces;
 - fragmentation: FGD (scoring/fragmentation.py) on the scoring model of the snapshot, against the run's workload: the
-  free share of whole GPUs that the workload's typical pods cannot use, over all GPUs.
+  share of the free whole-GPU capacity that the workload's typical pods cannot use.
 """
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def gpus_total(nodes: Iterable[Obj]) -> int:
 
 
 def gpus_allocated(nodes: Iterable[Obj], pods: Iterable[Obj]) -> float:
-    """On the nodes listed (a pod whose node is gone holds nothing)."""
-    by_name = {n["metadata"]["name"]: n for n in nodes}
+    """On the GPU nodes counted in gpus_total (a pod whose node is gone, or not ready, holds none of those)."""
+    by_name = {n["metadata"]["name"]: n for n in nodes if gpu_ready(n)}
     return sum(pod_gpus(p, by_name[p["spec"]["nodeName"]]) for p in pods
                if holds_resources(p) and p["spec"]["nodeName"] in by_name)
 
@@ -112,6 +112,12 @@ def serving_interval(arrival_t: list[float], start_t: list[float], since: float,
     return Serving(arrival_rate=(arrived_now - arrived_before) / (span * speed) if span > 0 else None,
                    queue_depth=queue_depth, queue_wait_p99_s=p99,
                    slo_attainment=met / len(waits) if waits else None)
+
+
+def slo_counts(arrival_t: list[float], start_t: list[float], slo_s: float) -> tuple[int, int]:
+    """(requests that started within `slo_s` of arriving, requests that started); times in the same unit."""
+    started = [(a, s) for a, s in zip(arrival_t, start_t) if not math.isnan(s)]
+    return sum(1 for a, s in started if s - a <= slo_s), len(started)
 
 
 # -- one sample -------------------------------------------------------------------------------------------------------

@@ -267,12 +267,8 @@ class Stack:
         met = total = 0
         for r in self.replayers.values():
             with r.lock:
-                s = r.system
-                slo = SLO_QUEUE_WAIT_S / self.settings.speed
-                for a, st in zip(s.arrival_t, s.start_t):
-                    if st == st:
-                        total += 1
-                        met += st - a <= slo
+                m, n = sampling.slo_counts(r.system.arrival_t, r.system.start_t, SLO_QUEUE_WAIT_S / self.settings.speed)
+            met, total = met + m, total + n
         return met, total
 
     def dead_components(self) -> list[str]:

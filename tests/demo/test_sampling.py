@@ -12,7 +12,7 @@ from autoscaler.nodes.provider import render_node
 from gpuaas.cluster.local import resolve_pool_spec
 from gpuaas.cluster.pools import node_objects
 from gpuaas.demo.sampling import (Serving, component_events, compute_sample, final_state, go_duration, pod_gpus,
-                                  serving_interval, settled)
+                                  serving_interval, settled, slo_counts)
 from gpuaas.demo.timeline import build_timeline, timeline_workload
 from gpuaas.workloads import gpu_deployment, gpu_pod
 
@@ -116,6 +116,19 @@ def test_serving_interval_in_trace_time():
     assert later.queue_wait_p99_s == pytest.approx(9.0) and later.slo_attainment == pytest.approx(0.5)
     idle = serving_interval([], [], 2.0, 3.0, arrived_before=6, arrived_now=6, speed=10, slo_s=2.0, queue_depth=0)
     assert (idle.queue_wait_p99_s, idle.slo_attainment, idle.arrival_rate) == (None, None, 0.0)
+
+
+def test_slo_so_far_counts_started_requests():
+    assert slo_counts([0.0, 0.1, 0.2, 0.3], [0.0, 0.5, 0.25, math.nan], 0.2) == (2, 3)
+    assert slo_counts([], [], 0.2) == (0, 0)
+
+
+def test_a_node_that_is_not_ready_counts_neither_its_gpus_nor_its_pods():
+    nodes = fleet()
+    nodes[0]["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]  # its kubelet stopped reporting
+    pods = [bound(gpu_pod("a", gpus=8), nodes[0]["metadata"]["name"]), bound(gpu_pod("b", gpus=2), "a100-0001")]
+    s = compute_sample(0, nodes, pods, [], workload=WORKLOAD, serving={})
+    assert (s["gpu_nodes_ready"], s["gpus_total"], s["gpus_allocated"]) == (7, 56, 2)
 
 
 def test_settled_names_what_still_moves():

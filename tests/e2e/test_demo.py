@@ -29,9 +29,17 @@ def demo_env(cache: Path) -> dict[str, str]:
     return env
 
 
+def gpu_node_ready(node: dict) -> bool:
+    alloc = node["status"].get("allocatable") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or ())
+    return ready and any(int(v) > 0 for k, v in alloc.items() if k == "nvidia.com/gpu" or k.startswith(MIG_RESOURCE_PREFIX))
+
+
 def gpus_allocated(nodes: list[dict], pods: list[dict]) -> float:
-    """Whole-GPU equivalents held by bound, unfinished pods; a MIG instance counts its compute slices over 7."""
-    products = {n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product", "") for n in nodes}
+    """Whole-GPU equivalents held by bound, unfinished pods on GPU nodes that are ready; a MIG instance counts its
+    compute slices over 7."""
+    products = {n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product", "") for n in nodes
+                if gpu_node_ready(n)}
     total = 0.0
     for p in pods:
         node = p["spec"].get("nodeName")
@@ -84,6 +92,8 @@ def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_pa
         nodes, pods, deployments = get("nodes"), get("pods"), get("deployments")
         phases = Counter(p["status"].get("phase") for p in pods)
         assert final["nodes"] == len(nodes)
+        assert final["gpus_total"] == sum(int(n["metadata"]["labels"]["nvidia.com/gpu.count"]) for n in nodes
+                                          if gpu_node_ready(n))
         assert (final["pods_running"], final["pods_pending"], final["pods_succeeded"]) == \
             (phases["Running"], phases["Pending"], phases["Succeeded"])
         assert final["gpus_allocated"] == round(gpus_allocated(nodes, pods), 4)
