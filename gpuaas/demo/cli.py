@@ -186,8 +186,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         trace = load_trace(args.trace)
-    except (TraceError, OSError) as err:
+    except TraceError as err:
         print(f"gpuaas demo: --trace: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"gpuaas demo: --trace {args.trace}: {err.strerror or err} (a request trace in the Azure LLM format)",
+              file=sys.stderr)
         return 2
     schedulers = [args.scheduler] + ([s for s in SCHEDULERS if s != args.scheduler] if args.compare else [])
     names = {s: PRIMARY_NAME if i == 0 else f"{PRIMARY_NAME}-{s}" for i, s in enumerate(schedulers)}
@@ -286,5 +290,8 @@ def run(args: argparse.Namespace) -> int:
     except (ToolsMissing, ControlPlaneError, TimeoutError, RuntimeError) as err:
         print(f"gpuaas demo: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ngpuaas demo: interrupted; stopping the clusters", file=sys.stderr)
+        return 130
     finally:
         _parallel([lambda s=s, i=i: s.down(keep=args.keep and i == 0) for i, s in enumerate(stacks)])
