@@ -42,11 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--duration", default="5m", type=parse_duration,
                         help="how long the workload timeline runs, wall clock (e.g. 60s, 5m); default: %(default)s")
-    parser.add_argument("--speed", default=10.0, type=float,
+    parser.add_argument("--speed", default=10.0, type=positive_float,
                         help="trace time runs K times faster than the wall clock (arrivals, service times, cold "
                              "starts, scrape and autoscaler periods); default: %(default)s")
-    parser.add_argument("--out", type=Path, help="directory for run.json, report.html and the plots "
-                                                 "(default: the demo cluster's work directory, .../clusters/demo/report)")
+    parser.add_argument("--out", type=Path, help="directory for run.json, report.html and the plots (default: "
+                                                 "the demo cluster's work directory, .../clusters/demo/report)")
     parser.add_argument("--keep", action="store_true", help="leave the demo cluster running (stop it with "
                                                              "`gpuaas cluster down --name demo`)")
     parser.add_argument("--no-compare", dest="compare", action="store_false",
@@ -72,6 +72,16 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive, got {text!r}")
     return seconds
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
 
 
 # -- the record -------------------------------------------------------------------------------------------------------
@@ -132,12 +142,36 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
         return "-" if x is None else f"{x:.1%}"
 
     gangs = [e for e in run["events"] if e["kind"] == "GangAdmitted"]
+    most = max((x["nodes"] for x in run["samples"]), default=final["nodes"])
     return (f"{scheduler:<7}: mean GPU allocation {pct(s['mean_allocation_ratio'])}, SLO attainment "
             f"{pct(s['slo_attainment'])}, GPU-node-hours {s['gpu_node_hours']:.2f}, nodes at the end {final['nodes']}"
-            f" (at most {max(x['nodes'] for x in run['samples'])}), gangs admitted {len(gangs)} of {gangs_total}, "
-            f"pods pending at the "
-            f"end {final['pods_pending']}; whole-GPU nodes left completely free for 8-GPU jobs: "
+            f" (at most {most}), gangs admitted {len(gangs)} of {gangs_total}, pods pending at the end "
+            f"{final['pods_pending']}; whole-GPU nodes left completely free for 8-GPU jobs: "
             f"{s['whole_nodes_free_at_end']} of {len(whole)}")
+
+
+def print_intro(stacks: list[Stack], timings: list[dict[str, float]], settings: RunSettings, trace: Path) -> None:
+    for s, t in zip(stacks, timings):
+        print(f"  {s.name}: cluster ready in {t['total_s']:.1f}s; Prometheus {s.prometheus.url}; "
+              f"{', '.join(c.name for c in s.components)} running under their ServiceAccounts; "
+              f"logs {s.workdir / 'logs'}")
+    print(f"\ntimeline over {settings.duration_s:g}s (trace {trace.name} at {settings.speed:g}x):")
+    for svc in settings.services:
+        print(f"  {'before':>7}  {svc.name:<13} {svc.what}")
+    for sub in settings.timeline:
+        print(f"  {sub.at_s:6.1f}s  {sub.name:<13} {sub.what}")
+    print(f"\nevery {settings.sample_s:g}s, per cluster: nodes (GPU nodes ready), GPUs allocated, fragmentation, "
+          f"pods, replicas of {' + '.join(svc.name for svc in settings.services)}, share of requests within the "
+          f"{SLO_QUEUE_WAIT_S:g}s queue-wait SLO so far\n", flush=True)
+
+
+def print_end(record: dict[str, Any], primary: Stack, gangs_total: int) -> None:
+    final = record["runs"][primary.scheduler]["final"]
+    print(f"\n{primary.name} ({primary.scheduler}) at the end:")
+    print_table(final)
+    print(f"({final['pods_succeeded']} pods finished during the run)\n")
+    for scheduler, run in record["runs"].items():
+        print(summary_line(scheduler, run, gangs_total))
 
 
 # -- the run ----------------------------------------------------------------------------------------------------------
@@ -174,15 +208,32 @@ def _parallel(calls: list) -> list:
     return results
 
 
+def sample_until(stacks: list[Stack], t0: float, duration_s: float, every_s: float) -> dict[str, list[dict[str, Any]]]:
+    """Sample every cluster every `every_s` seconds from `t0` to `duration_s`, printing a status line for each."""
+    samples: dict[str, list[dict[str, Any]]] = {s.scheduler: [] for s in stacks}
+    next_sample = 0.0
+    while True:
+        for s in stacks:
+            try:
+                sample = s.sample()
+            except Exception as err:  # an apiserver or Prometheus blip costs a sample, not the run
+                logging.getLogger("gpuaas.demo").exception("sampling %s", s.name)
+                print(f"{s.elapsed():6.0f}s {s.scheduler:<7} no sample: {err}", flush=True)
+                continue
+            samples[s.scheduler].append(sample)
+            print(status_line(s.scheduler, sample, s.slo_so_far(), s.dead_components()), flush=True)
+        if time.monotonic() - t0 >= duration_s:
+            return samples
+        next_sample += every_s
+        time.sleep(max(0.0, min(next_sample, duration_s) - (time.monotonic() - t0)))
+
+
 def run(args: argparse.Namespace) -> int:
     wall0 = time.monotonic()
     try:
         pools = resolve_pool_spec(args.pools)
     except PoolSpecError as err:
         print(f"gpuaas demo: {err}", file=sys.stderr)
-        return 2
-    if args.speed <= 0:
-        print(f"gpuaas demo: --speed must be positive, got {args.speed:g}", file=sys.stderr)
         return 2
     try:
         trace = load_trace(args.trace)
@@ -217,38 +268,11 @@ def run(args: argparse.Namespace) -> int:
         timings = [s.up() for s in stacks]  # in this thread: the processes die with the thread that started them
         for s in stacks:
             s.wait_ready()
-        for s, t in zip(stacks, timings):
-            print(f"  {s.name}: cluster ready in {t['total_s']:.1f}s; Prometheus {s.prometheus.url}; "
-                  f"{', '.join(c.name for c in s.components)} running under their ServiceAccounts; "
-                  f"logs {s.workdir / 'logs'}")
-        print(f"\ntimeline over {args.duration:g}s (trace {args.trace.name} at {args.speed:g}x):")
-        for svc in settings.services:
-            print(f"  {'before':>7}  {svc.name:<13} {svc.what}")
-        for sub in timeline:
-            print(f"  {sub.at_s:6.1f}s  {sub.name:<13} {sub.what}")
-        print(f"\nevery {settings.sample_s:g}s, per cluster: nodes (GPU nodes ready), GPUs allocated, fragmentation, "
-              f"pods, replicas of {' + '.join(svc.name for svc in settings.services)}, share of requests within the "
-              f"{SLO_QUEUE_WAIT_S:g}s queue-wait SLO so far\n", flush=True)
+        print_intro(stacks, timings, settings, args.trace)
         t0, epoch, started_at = time.monotonic(), time.time(), utc_now()
         for s in stacks:
             s.start(t0, epoch)
-        samples: dict[str, list[dict[str, Any]]] = {s.scheduler: [] for s in stacks}
-        next_sample = 0.0
-        while True:
-            for s in stacks:
-                try:
-                    sample = s.sample()
-                except Exception as err:  # an apiserver or Prometheus blip costs a sample, not the run
-                    logging.getLogger("gpuaas.demo").exception("sampling %s", s.name)
-                    print(f"{s.elapsed():6.0f}s {s.scheduler:<7} no sample: {err}", flush=True)
-                    continue
-                samples[s.scheduler].append(sample)
-                print(status_line(s.scheduler, sample, s.slo_so_far(), s.dead_components()), flush=True)
-            elapsed = time.monotonic() - t0
-            if elapsed >= args.duration:
-                break
-            next_sample += settings.sample_s
-            time.sleep(max(0.0, min(next_sample, args.duration) - (time.monotonic() - t0)))
+        samples = sample_until(stacks, t0, args.duration, settings.sample_s)
         print(f"\nthe timeline is over after {time.monotonic() - t0:.0f}s; stopping the autoscalers and the load, "
               "waiting for the clusters to settle ...", flush=True)
         settle0 = time.monotonic()
@@ -269,14 +293,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         (outdir / "run.json").write_text(json.dumps(record, indent=1))
         report = write_report(record, outdir)
-        primary = record["runs"][schedulers[0]]
-        print(f"\n{names[schedulers[0]]} ({schedulers[0]}) at the end:")
-        print_table(primary["final"])
-        done = primary["final"]["pods_succeeded"]
-        print(f"({done} pods finished during the run)\n")
-        gangs = sum(1 for sub in timeline if sub.kind == "gang")
-        for s in schedulers:
-            print(summary_line(s, record["runs"][s], gangs))
+        print_end(record, stacks[0], sum(1 for sub in timeline if sub.kind == "gang"))
         errors = [e for s in stacks for e in s.submit_errors]
         if errors:
             print(f"\nsubmissions that failed: {'; '.join(errors)}")

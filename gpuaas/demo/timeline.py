@@ -76,8 +76,8 @@ class InferenceService:
 
     @property
     def what(self) -> str:
-        return (f"inference Deployment, 1 GPU per replica, {self.min_replicas}..{self.max_replicas} replicas, the trace "
-                f"x{self.rate_scale} from its minute {self.offset_s / 60:g}")
+        return (f"inference Deployment, 1 GPU per replica, {self.min_replicas}..{self.max_replicas} replicas, the "
+                f"trace x{self.rate_scale} from its minute {self.offset_s / 60:g}")
 
     def deployment(self) -> dict[str, Any]:
         return gpu_deployment(self.name, INFERENCE_NS, replicas=self.min_replicas, gpus=1, cpu="8", memory="64Gi")

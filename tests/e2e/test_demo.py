@@ -32,7 +32,8 @@ def demo_env(cache: Path) -> dict[str, str]:
 def gpu_node_ready(node: dict) -> bool:
     alloc = node["status"].get("allocatable") or {}
     ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or ())
-    return ready and any(int(v) > 0 for k, v in alloc.items() if k == "nvidia.com/gpu" or k.startswith(MIG_RESOURCE_PREFIX))
+    return ready and any(int(v) > 0 for k, v in alloc.items()
+                         if k == "nvidia.com/gpu" or k.startswith(MIG_RESOURCE_PREFIX))
 
 
 def gpus_allocated(nodes: list[dict], pods: list[dict]) -> float:
