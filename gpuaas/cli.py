@@ -10,7 +10,7 @@ import sys
 
 # Modules that contribute a verb, in the order `gpuaas --help` lists them.
 VERB_MODULES = (
-    "gpuaas.demo",
+    "gpuaas.demo.cli",
     "gpuaas.cluster.cli",
     "extender.cli",
     "autoscaler.cli",

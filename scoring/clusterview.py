@@ -189,9 +189,9 @@ class ClusterView:
         devices = bound.devices
         if devices is None and keep_assumed is not None and keep_assumed.node == bound.node:
             devices = keep_assumed.devices
-        if devices is None:
-            devices = self.policy.devices(self.state, bound.demand, node) if bound.demand.gpus else ()
         try:
+            if devices is None:
+                devices = self.policy.devices(self.state, bound.demand, node) if bound.demand.gpus else ()
             if devices is None:  # the policy found no free device: the node holds more than the model knows
                 raise ValueError("no free device left for it in the model")
             self.state.place(node, bound.demand, devices)

@@ -55,6 +55,9 @@ def _solver(time_limit: float, seed: int = 0) -> cp_model.CpSolver:
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = 1  # deterministic and polite on shared machines
     solver.parameters.random_seed = seed
+    # CP-SAT otherwise installs its own SIGINT handler and leaves the default one behind: a later Ctrl-C then kills the
+    # process outright, past Python's KeyboardInterrupt and every cleanup.
+    solver.parameters.catch_sigint_signal = False
     return solver
 
 

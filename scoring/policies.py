@@ -423,9 +423,10 @@ def fits_in_one_block(state: ClusterState, k: int) -> np.ndarray:
     return (best >= k).astype(float)
 
 
-def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
+def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...] | None:
     """k free GPUs spanning the fewest blocks; among those, the set that leaves the most blocks entirely free, then
-    the most free GPUs in the emptiest remaining block (keeps big aligned sets for later), then lowest indices."""
+    the most free GPUs in the emptiest remaining block (keeps big aligned sets for later), then lowest indices. None
+    when the node has fewer than k free GPUs."""
     from itertools import combinations
 
     free = [int(g) for g in np.flatnonzero(state.gpu_left[node] == MILLI)]
@@ -439,7 +440,7 @@ def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
         key = (spanned, -whole_free, -max(rest.values(), default=0), combo)
         if best_key is None or key < best_key:
             best_key, best = key, combo
-    return tuple(best)
+    return None if best is None else tuple(best)
 
 
 POLICIES[GpuaasPolicy.name] = GpuaasPolicy

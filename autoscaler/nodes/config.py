@@ -62,6 +62,15 @@ class NodeGroupConfig(_Strict):
                 "invalid pool spec:\n  ", "").replace("\n  ", "; ")) from None
         return self
 
+    @classmethod
+    def from_pool(cls, pool: Pool) -> "NodeGroupConfig":
+        """The node group a pool spec declares with `autoscale:` (gpuaas/cluster/pools.py)."""
+        if pool.autoscale is None:
+            raise ValueError(f"pool {pool.name} has no autoscale section: it is not a node group")
+        a = pool.autoscale
+        return cls(name=pool.name, template=pool.template(), min_size=a.min_size, max_size=a.max_size,
+                   provisioning_delay_s=a.provisioning_delay_s, cost_per_hour=a.cost_per_hour)
+
     @property
     def pool(self) -> Pool:
         """The template as a one-node pool (the renderer of gpuaas/cluster/pools.py takes pools)."""

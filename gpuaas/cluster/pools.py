@@ -17,6 +17,11 @@ A pool spec is YAML:
       pods: 110
       labels: {team: research}
       taints: [{key: dedicated, value: research, effect: NoSchedule}]
+      autoscale:                 # optional: a node group `gpuaas nodescaler` grows and shrinks (count = initial size)
+        minSize: 0
+        maxSize: 6
+        provisioningDelaySeconds: 30   # KWOK provider: GPUs are advertised this long after the grow request
+        costPerHour: 32.77
 
 Every field is checked before any process starts; an unknown field, a negative count or a MIG layout that does not fit
 the GPU model is refused with a message naming the field. The nodes carry what GPU feature discovery and the NVIDIA
@@ -131,6 +136,21 @@ class GpuSpec(_Strict):
         return "custom-" + "-".join(f"{n}x{p}" for p, n in sorted(self.mig.items()))
 
 
+class Autoscale(_Strict):
+    """A pool that is also a node group of `gpuaas nodescaler` (autoscaler/nodes/config.py NodeGroupConfig)."""
+    min_size: int = Field(default=0, ge=0, description="the group never shrinks below this many nodes")
+    max_size: int = Field(ge=1, description="the group never grows beyond this many nodes")
+    provisioning_delay_s: float = Field(default=0.0, ge=0, alias="provisioningDelaySeconds",
+                                        description="seconds from a grow request until a new node's GPUs are allocatable")
+    cost_per_hour: float = Field(gt=0, description="price of one node per hour, which scale-out minimises")
+
+    @model_validator(mode="after")
+    def _order(self) -> "Autoscale":
+        if self.min_size > self.max_size:
+            raise ValueError(f"minSize {self.min_size} is more than maxSize {self.max_size}")
+        return self
+
+
 class Pool(_Strict):
     name: str = Field(description="DNS label of at most 40 characters; nodes are named <name>-0000, <name>-0001, ...")
     count: int = Field(ge=0, le=5000, description="nodes in the pool")
@@ -140,6 +160,18 @@ class Pool(_Strict):
     pods: int = Field(default=110, ge=1, description="allocatable pods per node")
     labels: dict[str, str] = Field({}, description="extra node labels")
     taints: list[Taint] = Field([], description="node taints")
+    autoscale: Autoscale | None = Field(default=None, description="make the pool a node group the nodescaler grows and shrinks (the demo turns it into a group of `gpuaas nodescaler`)")
+
+    @model_validator(mode="after")
+    def _count_within_group_bounds(self) -> "Pool":
+        a = self.autoscale
+        if a is not None and not a.min_size <= self.count <= a.max_size:
+            raise ValueError(f"count {self.count} is outside autoscale [minSize {a.min_size}, maxSize {a.max_size}]")
+        return self
+
+    def template(self) -> dict[str, Any]:
+        """The pool without name, count and autoscale: a node-group template (what each node of the pool is)."""
+        return self.model_dump(by_alias=True, exclude={"name", "count", "autoscale"}, exclude_defaults=True)
 
     @field_validator("name")
     @classmethod

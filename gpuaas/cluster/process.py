@@ -19,7 +19,8 @@ def free_port() -> int:
 
 
 def die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: a test run that crashes takes the processes it started with it.
+    # PR_SET_PDEATHSIG: a test run that crashes takes the processes it started with it. (The signal comes when the
+    # spawning *thread* ends: spawn owned processes from a thread that outlives them.)
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)
 

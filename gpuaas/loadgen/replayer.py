@@ -80,11 +80,14 @@ class Replayer:
                     return
                 with replayer.lock:
                     body = render_metrics(replayer.system, replayer.namespace, replayer.deployment).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    log.warning("replayer: the scraper hung up before /metrics was sent (its scrape timeout)")
 
             def log_message(self, *args):
                 pass
@@ -101,7 +104,8 @@ class Replayer:
         assert self.t0 is not None
         return self.clock() - self.t0
 
-    def sync_pods(self) -> None:
+    def sync_pods(self, cold_start_s: float | None = None) -> None:
+        """Follow the Deployment's pods; a new one serves after `cold_start_s` (default: the model's)."""
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
         live = {p.metadata.name for p in pods if p.metadata.deletion_timestamp is None
                 and p.status.phase == "Running"}
@@ -114,7 +118,7 @@ class Replayer:
             for name in live:
                 r = self.system.replicas.get(name)
                 if r is None:
-                    self.system.add_replica(name, t)
+                    self.system.add_replica(name, t, cold_start_s)
 
     def step(self) -> None:
         with self.lock:
@@ -132,9 +136,11 @@ class Replayer:
                 log.warning("replayer: %s", exc)
             self.stop_event.wait(0.05)
 
-    def start(self) -> "Replayer":
+    def start(self, *, warm: bool = False) -> "Replayer":
+        """Start the trace's clock. `warm`: the pods running now serve at once (a service already up when the trace
+        begins), instead of after a cold start."""
         self.t0 = self.clock()
-        self.sync_pods()
+        self.sync_pods(cold_start_s=0.0 if warm else None)
         for target in (self.server.serve_forever, self._drive):
             th = threading.Thread(target=target, daemon=True, name=f"replayer-{target.__name__}")
             th.start()
@@ -143,7 +149,8 @@ class Replayer:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.server.shutdown()
+        if self._threads:  # shutdown() waits for serve_forever, which a replayer that never started does not run
+            self.server.shutdown()
         self.server.server_close()
         for th in self._threads:
             th.join(timeout=5)

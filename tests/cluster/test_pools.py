@@ -91,3 +91,29 @@ def test_cpu_only_pool():
     node = node_objects(parse_pool_spec({"pools": [{"name": "cpu", "count": 1, "cpu": 32}]}).pools[0])[0]
     assert node["status"]["allocatable"]["cpu"] == "32"
     assert "nvidia.com/gpu" not in node["status"]["allocatable"]
+
+
+def test_a_pool_with_autoscale_is_a_node_group():
+    from autoscaler.nodes.config import NodeGroupConfig
+
+    pool = parse_pool_spec(spec(count=1, cpu="96", autoscale={"maxSize": 3, "provisioningDelaySeconds": 5,
+                                                              "costPerHour": 32.77})).pools[0]
+    group = NodeGroupConfig.from_pool(pool)
+    assert (group.name, group.min_size, group.max_size, group.provisioning_delay_s, group.cost_per_hour) == \
+        ("p", 0, 3, 5.0, 32.77)
+    # The group's new nodes are what the pool's nodes are.
+    assert group.template_node()["status"] == node_objects(pool)[0]["status"]
+    assert group.template_node()["metadata"]["labels"] == node_objects(pool)[0]["metadata"]["labels"]
+    with pytest.raises(ValueError, match="not a node group"):
+        NodeGroupConfig.from_pool(parse_pool_spec(spec()).pools[0])
+
+
+@pytest.mark.parametrize("count,autoscale,message", [
+    (5, {"maxSize": 4, "costPerHour": 1}, "count 5 is outside autoscale [minSize 0, maxSize 4]"),
+    (1, {"minSize": 3, "maxSize": 2, "costPerHour": 1}, "minSize 3 is more than maxSize 2"),
+    (1, {"maxSize": 2}, "pools[0].autoscale.costPerHour: Field required"),
+])
+def test_bad_autoscale_is_refused(count, autoscale, message):
+    with pytest.raises(PoolSpecError) as err:
+        parse_pool_spec(spec(count=count, autoscale=autoscale))
+    assert message in str(err.value)

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION
 from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
-from gpuaas.cluster.components import ComponentProcess
+from gpuaas.cluster.components import ComponentProcess, nodescaler_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.cluster.pools import parse_pool_spec
@@ -58,10 +58,7 @@ def config(**over) -> dict:
 def nodescaler(workdir: Path, kubeconfig: Path, cfg: dict, name: str = "gpuaas-nodescaler") -> ComponentProcess:
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = ComponentProcess(name, [], workdir)
-    proc.args = ["nodescaler", "--config", str(path), "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1",
-                 "--port", str(proc.port), "--identity", name]
-    return proc
+    return nodescaler_process(workdir, kubeconfig, path, identity=name, name=name)
 
 
 def get(proc: ComponentProcess, path: str) -> str:

@@ -149,3 +149,25 @@ def test_repartition_falls_back_to_greedy(monkeypatch):
     plan = repartition_mig(s, [PodDemand(gpus=1, mig_profile="7g.80gb")])
     assert plan.status == "greedy" and plan.layouts == {(0, 0): {"7g.80gb": 1}}
     assert plan.served == {"7g.80gb": 1}
+
+
+
+def test_after_a_solve_ctrl_c_is_still_a_keyboard_interrupt():
+    # CP-SAT's own SIGINT handler, left behind after a solve, made Ctrl-C kill the process without any cleanup. In a
+    # child process: without the fix the signal kills it.
+    import subprocess
+    import sys
+
+    code = """
+import signal
+from scoring.model import ClusterState, NodeSpec, PodDemand
+from scoring.planner import place_gang
+s = ClusterState([NodeSpec("n0", 96_000, 512_000, 8, "A100-80GB")])
+assert place_gang(s, [PodDemand(1000, 1024, 2, 1000)] * 2, policy="bestfit", time_limit=2).ok
+try:
+    signal.raise_signal(signal.SIGINT)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "KeyboardInterrupt"), out

@@ -136,6 +136,8 @@ def eight_gpu_state():
     ((), 4, (0, 1, 2, 3)),
     # GPUs 1 and 2 busy: a 2-GPU pod fits in block 0 as {0,3} (1 block) -> keeps block 1 whole.
     ((1, 2), 2, (0, 3)),
+    # Seven busy, 2 GPUs asked: none to give (a pod bound past the model), not a TypeError.
+    ((0, 1, 2, 3, 4, 5, 6), 2, None),
 ])
 def test_topology_gpus(busy, k, expected):
     s = eight_gpu_state()

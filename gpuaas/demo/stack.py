@@ -1,0 +1,331 @@
+"""One demo cluster with the platform on it, for one scheduler:
+
+- the local control plane with the pool spec's nodes (gpuaas/cluster/local.py); for scheduler "gpuaas" kube-scheduler
+  calls the extender, for "default" it runs its own scoring only;
+- the extender, the replica autoscaler and the nodescaler as processes, each with a token of the ServiceAccount its
+  deploy/ manifest grants (never cluster admin);
+- Prometheus scraping the load replayers, one per inference service, which play the inference servers on the pods of
+  its Deployment and replay the trace (in this process, so the sampler reads each request's wait);
+- the fake node agent (the device plugin and the MIG manager KWOK nodes lack; in this process, as the admin);
+- the driver: submits the timeline's objects when they are due and runs gang admission (gpuaas/admission.py).
+
+`up()` starts everything but the clock (the components' processes are spawned, `wait_ready()` waits for them; call
+both from the thread that outlives them), `start(t0)` starts the trace and the timeline, `sample(t)` reads one sample,
+`finish()` stops what acts on the cluster, waits for it to settle and reads the final state, `down()` stops the rest.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from autoscaler.config import AutoscalerConfig, Target
+from autoscaler.controller import gather_signals
+from autoscaler.nodes.config import NodeGroupConfig
+from autoscaler.prom import Prometheus
+from extender.schedconfig import extender_entry, gpuaas_profile
+
+from ..admission import Gang, GangAdmission
+from ..cluster.components import REPO, ComponentProcess, autoscaler_process, extender_process, nodescaler_process
+from ..cluster.local import LocalCluster
+from ..cluster.migmanager import FakeNodeAgent
+from ..cluster.pools import PoolSpec
+from ..cluster.process import free_port
+from ..cluster.prometheus import PrometheusServer
+from ..loadgen.replayer import Replayer
+from ..loadgen.trace import Arrival
+from . import sampling
+from .timeline import (INFERENCE, INFERENCE_NS, NAMESPACES, SLO_QUEUE_WAIT_S, InferenceService, Submission,
+                       autoscaler_timing, scrape_interval_s, service_arrivals, service_model)
+
+log = logging.getLogger("gpuaas.demo")
+DEPLOY = REPO / "deploy"
+SYSTEM_NS = "gpuaas-system"
+
+
+@dataclass
+class RunSettings:
+    duration_s: float
+    speed: float
+    trace: list[Arrival]
+    timeline: list[Submission]
+    workload: Any  # scoring.fragmentation.Workload
+    services: tuple[InferenceService, ...] = INFERENCE
+    sample_s: float = 2.0
+
+
+def nodescaler_config(pools: PoolSpec, duration_s: float) -> dict[str, Any] | None:
+    """The nodescaler's config for the demo: the pool spec's node groups, scale-in after a tenth of the run idle
+    (at least 10 s; the shipped default is 10 minutes). None when the spec has no node group."""
+    groups = [NodeGroupConfig.from_pool(p).model_dump() for p in pools.pools if p.autoscale is not None]
+    if not groups:
+        return None
+    idle = max(10.0, round(duration_s / 10))
+    return {"interval_s": 2, "groups": groups,
+            "scale_out": {"planner_time_limit_s": 0.5},
+            "scale_in": {"unneeded_s": idle, "delay_after_add_s": idle, "max_drain_s": 60, "eviction_retry_s": 1},
+            "leader_election": {"namespace": SYSTEM_NS, "name": "gpuaas-nodescaler"}}
+
+
+def autoscaler_config(prometheus_url: str, speed: float, services=INFERENCE) -> dict[str, Any]:
+    timing = autoscaler_timing(speed)
+    return {"prometheus": {"url": prometheus_url, "timeout_s": 2}, "interval_s": timing["interval_s"],
+            "targets": [{"deployment": s.name, "namespace": INFERENCE_NS, "min_replicas": s.min_replicas,
+                         "max_replicas": s.max_replicas, "cold_start_s": timing["cold_start_s"],
+                         "default_service_time_s": 1.0 / speed, "windows": timing["windows"]} for s in services]}
+
+
+@dataclass
+class _ServingCursor:
+    """Where the previous sample of one service left off, on the replayer's clock."""
+    t: float = 0.0
+    arrived: int = 0
+
+
+@dataclass
+class Stack:
+    scheduler: str  # "gpuaas" | "default"
+    name: str
+    workdir: Path
+    pools: PoolSpec
+    settings: RunSettings
+    owned: bool = True
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        gpuaas = self.scheduler == "gpuaas"
+        self.extender_port = free_port()
+        self.cluster = LocalCluster(
+            self.workdir, name=self.name, owned=self.owned,
+            extenders=[extender_entry(f"http://127.0.0.1:{self.extender_port}")] if gpuaas else None,
+            scheduler_profiles=[gpuaas_profile("default-scheduler")] if gpuaas else None)
+        self.components: list[ComponentProcess] = []
+        self.extender: ComponentProcess | None = None
+        self.prometheus: PrometheusServer | None = None
+        self.replayers: dict[str, Replayer] = {}
+        self.agent: FakeNodeAgent | None = None
+        self.admission: GangAdmission | None = None
+        self.reader: sampling.ClusterReader | None = None
+        self.targets: dict[str, Target] = {}
+        self.prom: Prometheus | None = None
+        self.t0: float | None = None
+        self.started_epoch: float | None = None
+        self._cursors: dict[str, _ServingCursor] = {}
+        self._seen_events: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._driver: threading.Thread | None = None
+        self.submit_errors: list[str] = []
+
+    # -- bring-up ------------------------------------------------------------------------------------------------------
+    def up(self) -> dict[str, float]:
+        timings = self.cluster.up(self.pools)
+        api = self.cluster.api
+        core = client.CoreV1Api(api)
+        for ns in NAMESPACES:
+            core.create_namespace({"metadata": {"name": ns}})
+        self.reader = sampling.ClusterReader(api)
+        s = self.settings
+        for svc in s.services:  # already serving when the run starts
+            client.AppsV1Api(api).create_namespaced_deployment(INFERENCE_NS, svc.deployment(), _preload_content=False)
+        model = service_model(s.speed)
+        for svc in s.services:
+            self.replayers[svc.name] = Replayer(api, INFERENCE_NS, svc.name,
+                                                service_arrivals(s.trace, svc, speed=s.speed, duration_s=s.duration_s),
+                                                model=model)
+        self.prometheus = PrometheusServer(self.workdir, targets=[f"127.0.0.1:{r.port}" for r in
+                                                                  self.replayers.values()],
+                                           scrape_interval=f"{round(1000 * scrape_interval_s(s.speed))}ms")
+        self.prometheus.start()
+        self.prom = Prometheus(self.prometheus.url, timeout_s=2)
+        config = AutoscalerConfig.model_validate(autoscaler_config(self.prometheus.url, s.speed, s.services))
+        self.targets = {t.deployment: t for t in config.targets}
+        accounts = {"extender": ("bases/extender", "gpuaas-extender"),
+                    "nodescaler": ("bases/nodescaler", "gpuaas-nodescaler"),
+                    "autoscaler": ("bases/autoscaler", "gpuaas-autoscaler")}
+        kubeconfigs = {k: self.cluster.service_account_kubeconfig(DEPLOY / path, account)
+                       for k, (path, account) in accounts.items()}
+        if self.scheduler == "gpuaas":
+            self.extender = extender_process(self.workdir, kubeconfigs["extender"], port=self.extender_port)
+            self.components.append(self.extender)
+        ns_config = nodescaler_config(self.pools, s.duration_s)
+        if ns_config is not None:
+            path = self.workdir / "nodescaler.yaml"
+            path.write_text(yaml.safe_dump(ns_config, sort_keys=False))
+            self.components.append(nodescaler_process(self.workdir, kubeconfigs["nodescaler"], path))
+        path = self.workdir / "autoscaler.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        self.components.append(autoscaler_process(self.workdir, kubeconfigs["autoscaler"], path))
+        for c in self.components:  # from this thread, which lives as long as they should (see ComponentProcess.spawn)
+            c.spawn()
+        self.agent = FakeNodeAgent(api, interval=1.0).start()
+        self.admission = GangAdmission(api, on_event=self._admission_event)
+        return timings
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """The components answer, and every inference Deployment has its pods running."""
+        for c in self.components:
+            c.wait_ready(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = self.reader.pods()
+            short = [svc.name for svc in self.settings.services
+                     if sum(1 for p in pods if _in_deployment(p, svc.name) and p["status"].get("phase") == "Running")
+                     < svc.min_replicas]
+            if not short:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: Deployments {', '.join(short)} not running after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    # -- the run -------------------------------------------------------------------------------------------------------
+    def start(self, t0: float, epoch: float) -> None:
+        """Start the trace and the timeline; `t0` (monotonic) and `epoch` (wall clock) are the run's start."""
+        self.t0, self.started_epoch = t0, epoch
+        for r in self.replayers.values():
+            r.start(warm=True)
+        self._driver = threading.Thread(target=self._drive, name=f"driver-{self.scheduler}", daemon=True)
+        self._driver.start()
+
+    def elapsed(self) -> float:
+        assert self.t0 is not None
+        return time.monotonic() - self.t0
+
+    def _drive(self) -> None:
+        pending = list(self.settings.timeline)
+        last_admission = 0.0
+        while not self._stop.is_set():
+            now = self.elapsed()
+            gang_arrived = False
+            while pending and pending[0].at_s <= now:
+                sub = pending.pop(0)
+                try:
+                    gang_arrived |= self._submit(sub)
+                except Exception as err:  # one bad object must not stop the timeline; the run reports it
+                    log.exception("submitting %s", sub.name)
+                    self.submit_errors.append(f"{sub.name}: {err}")
+            if self.admission.waiting and (gang_arrived or now - last_admission >= 1.0):
+                last_admission = now
+                try:
+                    self.admission.run_once()
+                except Exception:
+                    log.exception("gang admission")
+            wait = min(1.0, pending[0].at_s - self.elapsed()) if pending else 1.0
+            self._stop.wait(max(0.05, wait))
+
+    def _submit(self, sub: Submission) -> bool:
+        if sub.kind == "gang":
+            self.admission.submit(Gang(sub.namespace, sub.name, sub.objects))
+            return True
+        for obj in sub.objects:
+            try:
+                client.CoreV1Api(self.cluster.api).create_namespaced_pod(sub.namespace, obj, _preload_content=False)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+        return False
+
+    def _admission_event(self, reason: str, obj: str, message: str) -> None:
+        with self._lock:
+            self.events.append({"t": round(self.elapsed(), 2), "kind": reason, "object": obj, "message": message})
+
+    def sample(self) -> dict[str, Any]:
+        """One sample of this cluster now; also collects the autoscalers' new events."""
+        t = self.elapsed()
+        nodes, pods, deployments = self.reader.nodes(), self.reader.pods(), self.reader.deployments()
+        serving = {}
+        for name, replayer in self.replayers.items():
+            serving[name] = self._serving(name, replayer, [p for p in pods if _in_deployment(p, name)])
+        new = sampling.component_events(self.reader.events(), self._seen_events, self.started_epoch)
+        with self._lock:
+            self.events.extend(new)
+        return sampling.compute_sample(t, nodes, pods, deployments, workload=self.settings.workload, serving=serving)
+
+    def _serving(self, name: str, replayer: Replayer, pods: list[dict]) -> sampling.Serving:
+        signals, _ = gather_signals(self.prom, self.targets[name], sorted(p["metadata"]["name"] for p in pods))
+        depth = sum(signals.queue_per_pod.values()) + signals.gateway_waiting if signals else None
+        cursor = self._cursors.setdefault(name, _ServingCursor())
+        with replayer.lock:
+            now = replayer.now()
+            system = replayer.system
+            arrived = system.arrived_total()
+            reading = sampling.serving_interval(system.arrival_t[:arrived], system.start_t[:arrived], cursor.t, now,
+                                                arrived_before=cursor.arrived, arrived_now=arrived,
+                                                speed=self.settings.speed, slo_s=SLO_QUEUE_WAIT_S, queue_depth=depth)
+        cursor.t, cursor.arrived = now, arrived
+        return reading
+
+    def slo_so_far(self) -> tuple[int, int]:
+        """(requests that waited at most the SLO, requests that started) over the run so far, every service."""
+        met = total = 0
+        for r in self.replayers.values():
+            with r.lock:
+                m, n = sampling.slo_counts(r.system.arrival_t, r.system.start_t, SLO_QUEUE_WAIT_S / self.settings.speed)
+            met, total = met + m, total + n
+        return met, total
+
+    def dead_components(self) -> list[str]:
+        return [c.name for c in self.components if c.popen is not None and not c.running()]
+
+    # -- the end -------------------------------------------------------------------------------------------------------
+    def finish(self, quiet_s: float = 20.0, timeout: float = 90.0) -> dict[str, Any]:
+        """Stop the timeline, the autoscalers, the node agent and the load; wait until nothing moves for `quiet_s`
+        (no pod starting or terminating, every Deployment at its count, no job due to finish); read the scheduler's
+        reasons for pending pods; stop the extender; read the final state, as `kubectl` will show it afterwards."""
+        self._stop.set()
+        if self._driver:
+            self._driver.join(10)
+        for c in self.components:
+            if c is not self.extender:
+                c.stop()
+        if self.agent:
+            self.agent.stop()
+        for r in self.replayers.values():
+            r.stop()
+        deadline = time.monotonic() + timeout
+        while True:
+            pods, deployments = self.reader.pods(), self.reader.deployments()
+            moving = sampling.settled(pods, deployments, time.time(), quiet_s)
+            if moving is None:
+                break
+            if time.monotonic() > deadline:
+                log.warning("%s: not settled after %.0fs: %s", self.name, timeout, moving)
+                break
+            time.sleep(0.5)
+        reasons = self.reader.scheduling_reasons(pods)
+        if self.extender:
+            self.extender.stop()
+        nodes, pods, deployments = self.reader.nodes(), self.reader.pods(), self.reader.deployments()
+        new = sampling.component_events(self.reader.events(), self._seen_events, self.started_epoch)
+        with self._lock:
+            self.events.extend(new)
+            self.events.sort(key=lambda e: e["t"])
+        return sampling.final_state(nodes, pods, deployments, reasons)
+
+    def down(self, keep: bool = False) -> None:
+        self._stop.set()
+        for c in self.components:
+            c.stop()
+        if self.agent:
+            self.agent.stop()
+        for r in self.replayers.values():
+            if not r.stop_event.is_set():
+                r.stop()
+        if self.prom:
+            self.prom.close()
+        if self.prometheus:
+            self.prometheus.stop()
+        if not keep:
+            self.cluster.down()
+
+
+def _in_deployment(pod: dict, deployment: str) -> bool:
+    return (pod["metadata"].get("labels") or {}).get("app") == deployment and \
+        pod["metadata"]["namespace"] == INFERENCE_NS and not pod["metadata"].get("deletionTimestamp")

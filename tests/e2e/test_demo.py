@@ -1,0 +1,112 @@
+"""`gpuaas demo` end to end: a one-minute run with the comparison cluster, the report written, and run.json's final
+state equal to what kubectl shows on the cluster the demo leaves running (--keep)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from gpuaas.cluster.tools import Tools
+from gpuaas.report import load_run_record
+from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_env(cache: Path) -> dict[str, str]:
+    """Its own cache directory (clusters/demo lives there), so that a demo someone runs on this machine meanwhile is
+    not touched; the binaries where setup put them."""
+    tools = Tools.locate()
+    env = {**os.environ, "GPUAAS_CACHE": str(cache), "PYTHONPATH": str(REPO),
+           "GPUAAS_KUBE_BIN": str(tools.kubectl.parent), "GPUAAS_KWOK_BIN": str(tools.kwok),
+           "GPUAAS_ETCD_BIN": str(tools.etcd)}
+    if tools.prometheus:
+        env["GPUAAS_PROMETHEUS_BIN"] = str(tools.prometheus)
+    return env
+
+
+def gpu_node_ready(node: dict) -> bool:
+    alloc = node["status"].get("allocatable") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or ())
+    return ready and any(int(v) > 0 for k, v in alloc.items()
+                         if k == "nvidia.com/gpu" or k.startswith(MIG_RESOURCE_PREFIX))
+
+
+def gpus_allocated(nodes: list[dict], pods: list[dict]) -> float:
+    """Whole-GPU equivalents held by bound, unfinished pods on GPU nodes that are ready; a MIG instance counts its
+    compute slices over 7."""
+    products = {n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product", "") for n in nodes
+                if gpu_node_ready(n)}
+    total = 0.0
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if not node or node not in products or p["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in p["spec"]["containers"]:
+            for name, qty in (c.get("resources", {}).get("limits") or {}).items():
+                if name == "nvidia.com/gpu":
+                    total += int(qty)
+                elif name.startswith(MIG_RESOURCE_PREFIX):
+                    slices = model_by_product(products[node]).mig_profile(name).compute_slices
+                    total += int(qty) * slices / 7
+    return total
+
+
+def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_path):
+    env = demo_env(tmp_path / "cache")
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "gpuaas.cli"]
+    started = time.monotonic()
+    try:
+        run = subprocess.run([*cli, "demo", "--duration", "60s", "--keep", "--out", str(out)], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=900)
+        wall = time.monotonic() - started
+        assert run.returncode == 0, f"stdout:\n{run.stdout[-4000:]}\nstderr:\n{run.stderr[-4000:]}"
+        print(f"\ngpuaas demo --duration 60s (with the comparison): {wall:.0f}s wall")
+
+        assert (out / "report.html").stat().st_size > 0
+        html = (out / "report.html").read_text()
+        for png in ("allocation.png", "nodes.png", "replicas.png", "queue_wait.png"):
+            assert (out / png).stat().st_size > 0, png
+            assert png in html
+        record = load_run_record(out / "run.json")  # the report's own schema check
+        assert set(record.runs) == {"gpuaas", "default"}
+        for r in record.runs.values():
+            assert len(r.samples) >= 10 and r.samples[-1].t >= 55
+            kinds = Counter(e.kind for e in r.events)
+            assert kinds["GangAdmitted"] >= 1, kinds
+            assert kinds["ScaleUp"] >= 1, kinds  # the replica autoscaler acted on the trace
+            assert r.summary is not None and r.summary.mean_allocation_ratio
+
+        final = json.loads((out / "run.json").read_text())["runs"]["gpuaas"]["final"]
+        kubeconfig = tmp_path / "cache" / "clusters" / "demo" / "kubeconfig"
+
+        def get(kind: str) -> list[dict]:
+            res = subprocess.run([str(Tools.locate().kubectl), "--kubeconfig", str(kubeconfig), "get", kind, "-A",
+                                  "-o", "json"], capture_output=True, text=True, check=True)
+            return json.loads(res.stdout)["items"]
+
+        nodes, pods, deployments = get("nodes"), get("pods"), get("deployments")
+        phases = Counter(p["status"].get("phase") for p in pods)
+        assert final["nodes"] == len(nodes)
+        assert final["gpus_total"] == sum(int(n["metadata"]["labels"]["nvidia.com/gpu.count"]) for n in nodes
+                                          if gpu_node_ready(n))
+        assert (final["pods_running"], final["pods_pending"], final["pods_succeeded"]) == \
+            (phases["Running"], phases["Pending"], phases["Succeeded"])
+        assert final["gpus_allocated"] == round(gpus_allocated(nodes, pods), 4)
+        assert final["replicas"] == {f"{d['metadata']['namespace']}/{d['metadata']['name']}": d["spec"]["replicas"]
+                                     for d in deployments}
+        pending = sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods
+                         if p["status"].get("phase") == "Pending")
+        assert [p["pod"] for p in final["pending"]] == pending
+        assert "training/too-big" in pending
+        # The table the demo prints: where each pod landed, and why the pending ones wait.
+        assert "why pending: 0/" in run.stdout and "training/too-big" in run.stdout
+    finally:
+        down = subprocess.run([*cli, "cluster", "down", "--name", "demo"], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
