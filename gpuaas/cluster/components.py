@@ -15,7 +15,6 @@ from pathlib import Path
 from .process import free_port, process_alive, spawn, terminate
 
 REPO = Path(__file__).resolve().parents[2]
-STARTUP_GRACE_S = 4.0
 
 
 def _no_verify() -> ssl.SSLContext:
@@ -27,19 +26,14 @@ def _no_verify() -> ssl.SSLContext:
 
 
 class ComponentProcess:
-    """`probe`: False for a component that serves no /readyz (the replica autoscaler): it counts as started once it has
-    stayed up for `STARTUP_GRACE_S`, past reading its config and checking its queries, which exit at once if wrong."""
-
     def __init__(self, name: str, args: list[str], workdir: Path, *, port: int | None = None,
-                 env: dict[str, str] | None = None, probe: bool = True):
+                 env: dict[str, str] | None = None):
         self.name = name
         self.port = port or free_port()
         self.args = args
-        self.probe = probe
         self.log = Path(workdir) / "logs" / f"{name}.log"
         self.env = env or {}
         self.popen: subprocess.Popen | None = None
-        self._spawned_at = 0.0
 
     @property
     def url(self) -> str:
@@ -56,7 +50,6 @@ class ComponentProcess:
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, **self.env, "PYTHONPATH": path}
         self.popen = spawn([sys.executable, "-m", "gpuaas.cli", *self.args], self.log, append=True, env=env)
-        self._spawned_at = time.monotonic()
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> "ComponentProcess":
@@ -66,11 +59,6 @@ class ComponentProcess:
             if self.popen.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; see {self.log}:\n"
                                    + "\n".join(self.log.read_text(errors="replace").splitlines()[-20:]))
-            if not self.probe:
-                if time.monotonic() - self._spawned_at >= STARTUP_GRACE_S:
-                    return self
-                time.sleep(0.2)
-                continue
             try:
                 with urllib.request.urlopen(f"{self.url}/readyz", timeout=1, context=_no_verify()) as resp:
                     if resp.status == 200:
@@ -112,5 +100,8 @@ def nodescaler_process(workdir: Path, kubeconfig: Path, config: Path, *, identit
 
 
 def autoscaler_process(workdir: Path, kubeconfig: Path, config: Path) -> ComponentProcess:
-    return ComponentProcess("gpuaas-autoscaler", ["autoscaler", "--config", str(config), "--kubeconfig",
-                                                  str(kubeconfig), "--verbose"], workdir, probe=False)
+    """Ready once its first sync ran (its /readyz): past reading its config and checking its queries."""
+    proc = ComponentProcess("gpuaas-autoscaler", [], workdir)
+    proc.args = ["autoscaler", "--config", str(config), "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1",
+                 "--port", str(proc.port), "--verbose"]
+    return proc
