@@ -10,7 +10,7 @@
 - the driver: submits the timeline's objects when they are due and runs gang admission (gpuaas/admission.py).
 
 `up()` starts everything but the clock (the components' processes are spawned, `wait_ready()` waits for them; call
-both from the thread that outlives them), `start(t0)` starts the trace and the timeline, `sample(t)` reads one sample,
+both from the thread that outlives them), `start(t0)` starts the trace and the timeline, `sample()` reads one sample,
 `finish()` stops what acts on the cluster, waits for it to settle and reads the final state, `down()` stops the rest.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from autoscaler.controller import gather_signals
 from autoscaler.nodes.config import NodeGroupConfig
 from autoscaler.prom import Prometheus
 from extender.schedconfig import extender_entry, gpuaas_profile
+from scoring.fragmentation import Workload
 
 from ..admission import Gang, GangAdmission
 from ..cluster.components import REPO, ComponentProcess, autoscaler_process, extender_process, nodescaler_process
@@ -56,7 +57,7 @@ class RunSettings:
     speed: float
     trace: list[Arrival]
     timeline: list[Submission]
-    workload: Any  # scoring.fragmentation.Workload
+    workload: Workload  # what fragmentation is measured against
     services: tuple[InferenceService, ...] = INFERENCE
     sample_s: float = 2.0
 
