@@ -27,7 +27,7 @@ from ..cluster.controlplane import ControlPlane, ControlPlaneError
 from ..cluster.local import resolve_pool_spec
 from ..cluster.pools import PoolSpec, PoolSpecError
 from ..cluster.tools import ToolsMissing
-from ..loadgen.trace import TraceError, load_trace
+from ..loadgen.trace import TraceError, load_trace, synthetic_trace
 from .sampling import go_duration, utc_now
 from .stack import RunSettings, Stack
 from .timeline import SLO_QUEUE_WAIT_S, build_timeline, timeline_workload
@@ -55,8 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the scheduler of the demo cluster (the one --keep keeps): gpuaas (kube-scheduler with "
                              "the gpuaas extender) or default (kube-scheduler alone); the comparison runs the other")
     parser.add_argument("--pools", default="demo", help="pool spec (file or built-in name); default: %(default)s")
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
-                        help="request trace of the inference Deployments (Azure LLM format); default: %(default)s")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="request trace of the inference Deployments (Azure LLM format); default: "
+                             f"{DEFAULT_TRACE} where it is, else a synthetic trace of the same shape")
     parser.add_argument("--seed", type=int, default=7, help="seed of the training-job stream; default: %(default)s")
     parser.set_defaults(func=run)
 
@@ -150,12 +151,12 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
             f"{s['whole_nodes_free_at_end']} of {len(whole)}")
 
 
-def print_intro(stacks: list[Stack], timings: list[dict[str, float]], settings: RunSettings, trace: Path) -> None:
+def print_intro(stacks: list[Stack], timings: list[dict[str, float]], settings: RunSettings, trace: str) -> None:
     for s, t in zip(stacks, timings):
         print(f"  {s.name}: cluster ready in {t['total_s']:.1f}s; Prometheus {s.prometheus.url}; "
               f"{', '.join(c.name for c in s.components)} running under their ServiceAccounts; "
               f"logs {s.workdir / 'logs'}")
-    print(f"\ntimeline over {settings.duration_s:g}s (trace {trace.name} at {settings.speed:g}x):")
+    print(f"\ntimeline over {settings.duration_s:g}s (trace {trace} at {settings.speed:g}x):")
     for svc in settings.services:
         print(f"  {'before':>7}  {svc.name:<13} {svc.what}")
     for sub in settings.timeline:
@@ -236,7 +237,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuaas demo: {err}", file=sys.stderr)
         return 2
     try:
-        trace = load_trace(args.trace)
+        trace_file = args.trace or (DEFAULT_TRACE if DEFAULT_TRACE.exists() else None)
+        if trace_file is None:
+            trace, trace_label = synthetic_trace(), f"synthetic ({DEFAULT_TRACE} not found)"
+        else:
+            trace, trace_label = load_trace(trace_file), trace_file.name
     except TraceError as err:
         print(f"gpuaas demo: --trace: {err}", file=sys.stderr)
         return 2
@@ -268,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         timings = [s.up() for s in stacks]  # in this thread: the processes die with the thread that started them
         for s in stacks:
             s.wait_ready()
-        print_intro(stacks, timings, settings, args.trace)
+        print_intro(stacks, timings, settings, trace_label)
         t0, epoch, started_at = time.monotonic(), time.time(), utc_now()
         for s in stacks:
             s.start(t0, epoch)

@@ -85,3 +85,33 @@ def scale_rate(arrivals: list[Arrival], k: int) -> list[Arrival]:
             out.append(Arrival(second + (frac + i / k) % 1.0, a.context_tokens, a.generated_tokens))
     out.sort(key=lambda a: a.t)
     return out
+
+
+def synthetic_trace(duration_s: float = 3600.0, *, mean_rate: float = 2.0, seed: int = 0) -> list[Arrival]:
+    """A stand-in for the Azure code trace where it is not at hand (its licence keeps it out of the repository):
+    Poisson arrivals at `mean_rate` per second modulated by slow waves and short bursts, with log-normal token counts
+    of the same medians (context ~1,500, generated ~13 tokens)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    # Rate per second: a slow wave, plus a burst of 2-4x lasting 20-60 s about every five minutes.
+    t = np.arange(int(duration_s))
+    rate = mean_rate * (1.0 + 0.4 * np.sin(2 * np.pi * t / 900.0))
+    for start in rng.uniform(0, duration_s, size=max(1, int(duration_s / 300))):
+        length = rng.uniform(20, 60)
+        rate[(t >= start) & (t < start + length)] *= rng.uniform(2.0, 4.0)
+    counts = rng.poisson(rate)
+    times = np.sort(np.concatenate([s + rng.random(n) for s, n in zip(t, counts)]))
+    context = np.maximum(1, rng.lognormal(np.log(1470), 0.9, size=len(times))).astype(int)
+    generated = np.maximum(1, rng.lognormal(np.log(13), 1.1, size=len(times))).astype(int)
+    t0 = times[0] if len(times) else 0.0
+    return [Arrival(float(x - t0), int(c), int(g)) for x, c, g in zip(times, context, generated)]
+
+
+def write_trace(path: str | Path, arrivals: list[Arrival], start: dt.datetime = dt.datetime(2026, 1, 1)) -> None:
+    """`arrivals` as a trace file `load_trace` reads back (the Azure LLM format)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for a in arrivals:
+            w.writerow([(start + dt.timedelta(seconds=a.t)).isoformat(sep=" "), a.context_tokens, a.generated_tokens])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from autoscaler.policy import StaticPolicy, QueueDepthPolicy, QueueDepthConfig
@@ -178,3 +179,20 @@ def test_help_states_the_service_model(capsys):
     for words in ("8 requests at once", "ContextTokens/5000 + GeneratedTokens/20", "60 s after it is asked",
                   "every 15 s", "at most 2 s", "spread within its second"):
         assert words in " ".join(text.split()), words
+
+
+def test_synthetic_trace_has_the_shape_of_the_code_trace_and_round_trips_through_the_reader(tmp_path):
+    from gpuaas.loadgen.trace import synthetic_trace, write_trace
+
+    arrivals = synthetic_trace(1800, seed=1)
+    times = [a.t for a in arrivals]
+    assert times == sorted(times) and times[0] == 0.0 and times[-1] < 1800
+    assert 1.5 < len(arrivals) / 1800 < 4.0  # the Azure code trace: 2.6 requests/s
+    per_second = np.bincount(np.array(times, dtype=int))
+    assert per_second.max() > 3 * np.median(per_second)  # it has bursts
+    assert 1000 < np.median([a.context_tokens for a in arrivals]) < 2200
+    assert synthetic_trace(1800, seed=1) == arrivals != synthetic_trace(1800, seed=2)
+    path = tmp_path / "trace.csv"
+    write_trace(path, arrivals[:50])
+    back = load_trace(path)
+    assert [(round(a.t, 3), a.context_tokens) for a in back] == [(round(a.t, 3), a.context_tokens) for a in arrivals[:50]]

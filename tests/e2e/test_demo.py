@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from gpuaas.cluster.tools import Tools
+from gpuaas.loadgen.trace import synthetic_trace, write_trace
 from gpuaas.report import load_run_record
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 
@@ -59,10 +60,13 @@ def gpus_allocated(nodes: list[dict], pods: list[dict]) -> float:
 def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_path):
     env = demo_env(tmp_path / "cache")
     out = tmp_path / "out"
+    trace = tmp_path / "trace.csv"
+    write_trace(trace, synthetic_trace(3600, seed=3))  # the test's own; the Azure trace stays outside the repo
     cli = [sys.executable, "-m", "gpuaas.cli"]
     started = time.monotonic()
     try:
-        run = subprocess.run([*cli, "demo", "--duration", "60s", "--keep", "--out", str(out)], env=env, cwd=REPO,
+        run = subprocess.run([*cli, "demo", "--duration", "60s", "--keep", "--out", str(out), "--trace", str(trace)],
+                             env=env, cwd=REPO,
                              capture_output=True, text=True, timeout=900)
         wall = time.monotonic() - started
         assert run.returncode == 0, f"stdout:\n{run.stdout[-4000:]}\nstderr:\n{run.stderr[-4000:]}"
