@@ -124,7 +124,7 @@ def status_line(scheduler: str, sample: dict[str, Any], slo: tuple[int, int], de
 def print_table(final: dict[str, Any], out=sys.stdout) -> None:
     """Where each pod that holds GPUs runs, then the pending pods with the scheduler's reason."""
     rows = [(p["pod"], p["request"], p["node"], p["gpu"] or "-", "Running") for p in final["placements"]]
-    rows += [(p["pod"], "", "-", "-", "Pending") for p in final["pending"]]
+    rows += [(p["pod"], p.get("request") or "", "-", "-", "Pending") for p in final["pending"]]
     head = ("POD", "REQUEST", "NODE", "GPU", "PHASE")
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)), file=out)

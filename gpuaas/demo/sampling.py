@@ -256,7 +256,8 @@ def final_state(nodes: list[Obj], pods: list[Obj], deployments: list[Obj],
         key = pod_key(p)
         phase = (p.get("status") or {}).get("phase")
         if phase == "Pending" and not p["spec"].get("nodeName"):
-            pending.append({"pod": key, "reason": reasons.get(key, "waiting for the scheduler")})
+            pending.append({"pod": key, "reason": reasons.get(key, "waiting for the scheduler"),
+                            "request": request_text(p)})
         elif holds_resources(p):
             node = by_name.get(p["spec"]["nodeName"]) or {}
             labels = (node.get("metadata") or {}).get("labels") or {}

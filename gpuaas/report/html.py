@@ -119,7 +119,7 @@ def final_section(record: RunRecord) -> Html:
             continue
         out += f"<h3>{_text(run.scheduler)}: pending pods ({len(run.final.pending)})</h3>\n"
         if run.final.pending:
-            out += _table(["pod", "reason"], ([p.pod, p.reason] for p in run.final.pending))
+            out += _table(["pod", "request", "reason"], ([p.pod, p.request or "", p.reason] for p in run.final.pending))
         out += f"<h3>{_text(run.scheduler)}: placements ({len(run.final.placements)})</h3>\n"
         if run.final.placements:
             out += _table(["pod", "node", "GPU", "request"],

@@ -106,6 +106,7 @@ class Event(_Record):
 class PendingPod(_Record):
     pod: str
     reason: str
+    request: str | None = None
 
 
 class Placement(_Record):

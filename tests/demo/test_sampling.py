@@ -163,7 +163,7 @@ def test_final_state():
     assert (final["pods_running"], final["pods_pending"], final["pods_succeeded"]) == (2, 1, 1)
     assert final["replicas"] == {"inference/llm": 3}
     assert final["pending"] == [{"pod": "training/big", "reason": "0/8 nodes are available: 8 Insufficient "
-                                                                "nvidia.com/gpu."}]
+                                                                "nvidia.com/gpu.", "request": "gpu=16"}]
     assert final["placements"] == [
         {"pod": "inference/m", "node": "a100-mig-0001", "gpu": "NVIDIA-A100-SXM4-80GB", "request": "mig-2g.20gb=1"},
         {"pod": "training/a", "node": "a100-0000", "gpu": "NVIDIA-A100-SXM4-80GB", "request": "gpu=8"}]
