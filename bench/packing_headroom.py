@@ -17,7 +17,7 @@ Bounds (GPU dimension only; CPU, memory and node boundaries ignored, so both are
   * `hindsight_bound`: per seed, policy-independent: shares that arrive before `--cut` % of capacity has arrived are
     mandatory, later shares optional. An online policy must also place a later share whenever it fits somewhere,
     which this bound does not ask, so it bounds every online policy that places everything arriving before the cut
-    (check `first_failure.arrived_pct` >= the cut: FGD and gpuaas first fail at 95-96% on the default trace).
+    (check `first_share_failure.arrived_pct` >= the cut).
 """
 from __future__ import annotations
 
@@ -92,7 +92,14 @@ def loss_accounting(r: SimulationResult) -> dict:
     patterns = Counter(tuple(sorted(v, reverse=True)) for v in content.values())
     by_waste = sorted(patterns.items(), key=lambda kv: -kv[1] * (MILLI - sum(kv[0])))
     failed = [p for p, n in zip(r.arrivals, r.node_of) if n < 0]
-    first = int(np.argmax(~placed)) if (~placed).any() else -1
+
+    def first_failure(which: np.ndarray) -> dict | None:
+        if not which.any():
+            return None
+        i = int(np.argmax(which))
+        return {"pod": i, "kind": kind(r.arrivals[i]), "arrived_pct": round(float(r.arrived_milli[i]) / cap * 100, 2)}
+
+    is_share = np.array([p.is_share for p in r.arrivals])
     shares_placed = Counter(p.gpu_milli for p, n in zip(r.arrivals, r.node_of) if n >= 0 and p.is_share)
     arrangement = cutting_stock(shares_placed)
     g = lambda x: round(float(x) / MILLI, 2)  # noqa: E731 (thousandths -> GPUs)
@@ -111,8 +118,8 @@ def loss_accounting(r: SimulationResult) -> dict:
         "shared_gpus": len(content),
         "share_waste_gpus": g(sum(n * (MILLI - sum(p)) for p, n in patterns.items())),
         "failed": dict(Counter(kind(p) for p in failed).most_common()),
-        "first_failure": {"pod": first, "arrived_pct": round(float(r.arrived_milli[first]) / cap * 100, 2)}
-        if first >= 0 else None,
+        "first_failure": first_failure(~placed),
+        "first_share_failure": first_failure(~placed & is_share),
         "arrangement_bound": {"waste_gpus": g(arrangement.waste_milli),
                               "allocation": allocation_bound(arrangement.waste_milli, cap)},
     }
