@@ -47,7 +47,7 @@ class Shape:
 @dataclass(frozen=True)
 class Workload:
     """Typical pod shapes and their popularity (sums to 1), and the memory GPU pods bring per thousandth of GPU
-    (MiB; 0 = unknown). FGD's shapes leave memory out, so that a memory-heavy pod does not split a shape."""
+    (MiB; 0 = unknown). FGD groups pods into shapes by CPU and GPU only; memory is one rate for the whole workload."""
 
     shapes: tuple[Shape, ...]
     popularity: np.ndarray

@@ -77,9 +77,12 @@ def _best_pattern(sizes, values, limits) -> tuple[float, dict[int, int]]:
 def cutting_stock(lower: Mapping[int, float], upper: Mapping[int, float] | None = None) -> CuttingStock:
     """Minimum wasted GPU share over GPUs packed with shares (each GPU used wastes 1000 - its content).
 
-    Without `upper`: exactly lower[s] shares of each size, the classic form (fewest GPUs, count >= lower, duals >= 0).
+    Without `upper`: exactly lower[s] shares of each size, in the classic form (fewest GPUs with count >= lower, so
+    duals >= 0; a reported pattern may hold more shares than exist where its GPU has room to spare, which changes
+    neither the GPU count nor the waste, computed for exactly lower).
     With `upper`: between lower[s] and upper[s] shares of size s (a size missing from `upper` has upper = lower), so
-    optional shares may fill what mandatory ones leave."""
+    optional shares may fill what mandatory ones leave. `optimal` is False if the LP could not be solved to the end
+    (then `values` are the sizes themselves, plain best fit, and the waste is no bound)."""
     sizes = sorted((int(s) for s in set(lower) | set(upper or {})), reverse=True)
     if any(not 0 < s < MILLI for s in sizes):
         raise ValueError(f"share sizes must be 1..{MILLI - 1} thousandths, got {sizes}")
@@ -95,6 +98,7 @@ def cutting_stock(lower: Mapping[int, float], upper: Mapping[int, float] | None 
             raise ValueError("an upper count is below its lower count")
     limits = np.minimum(hi, MILLI // size_arr).astype(np.int64)
     patterns: list[dict[int, int]] = [{s: int(k)} for s, k in zip(sizes, limits) if k > 0]
+    converged = False
     for _ in range(MAX_ROUNDS):
         solver = pywraplp.Solver.CreateSolver("GLOP")
         x = [solver.NumVar(0.0, solver.infinity(), "") for _ in patterns]
@@ -109,14 +113,16 @@ def cutting_stock(lower: Mapping[int, float], upper: Mapping[int, float] | None 
             solver.Minimize(solver.Sum([(MILLI - sum(s * k for s, k in p.items())) * x[j]
                                         for j, p in enumerate(patterns)]))
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
-            # No LP answer: value shares by their size (plain best fit) and say so.
-            return CuttingStock(float("nan"), [], {s: float(s) for s in sizes}, False)
+            break
         values = (MILLI * np.array([r.dual_value() for r in rows]) if upper is None
                   else size_arr + np.array([r.dual_value() for r in rows]))
         gain, pattern = _best_pattern(size_arr, values, limits)
         if gain <= MILLI + 1e-6 or pattern in patterns:
+            converged = True
             break
         patterns.append(pattern)
+    if not converged:  # no LP answer: value shares by their size (plain best fit) and say so
+        return CuttingStock(float("nan"), [], {s: float(s) for s in sizes}, False)
     waste = solver.Objective().Value()
     if upper is None:
         waste = MILLI * waste - float((size_arr * lo).sum())
@@ -158,5 +164,7 @@ class ShareValues:
     def regret(self, free, share: int) -> np.ndarray:
         """Thousandths of GPU lost against an optimal pattern by taking `share` from GPUs with `free` left."""
         free = np.asarray(free, dtype=np.int64)
+        if (free < share).any():
+            raise ValueError(f"a share of {share} does not fit a GPU with {int(free.min())} free")
         # Rounded: LP values carry float noise (1e-13), and a regret of exactly 0 must score exactly as 0 does.
         return np.round(self.fill[free] - self.fill[free - share] - self.value_of[share], 6)

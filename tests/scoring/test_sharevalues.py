@@ -59,3 +59,8 @@ def test_share_mix_and_bad_sizes():
         cutting_stock({1000: 3})
     with pytest.raises(ValueError, match="upper count"):
         cutting_stock({500: 3}, {500: 2})
+
+
+def test_regret_refuses_a_share_that_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        ShareValues({500: 500.0}).regret([400, 600], 500)
