@@ -46,15 +46,19 @@ class Shape:
 
 @dataclass(frozen=True)
 class Workload:
-    """Typical pod shapes and their popularity (sums to 1)."""
+    """Typical pod shapes and their popularity (sums to 1), and the memory GPU pods bring per thousandth of GPU
+    (MiB; 0 = unknown). FGD groups pods into shapes by CPU and GPU only; memory is one rate for the whole workload."""
 
     shapes: tuple[Shape, ...]
     popularity: np.ndarray
+    memory_per_gpu_milli: float = 0.0
 
     @staticmethod
     def typical(pods: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD) -> "Workload":
         """FGD's GetTypicalPods: most frequent shapes, added one at a time until they cover `threshold` of pods,
-        popularity renormalised over the kept shapes. Equal counts are ordered as the simulator orders them."""
+        popularity renormalised over the kept shapes. Equal counts are ordered as the simulator orders them. The memory
+        rate is over all GPU pods given."""
+        pods = list(pods)
         counts = Counter(Shape.of(p) for p in pods)
         if not counts:
             raise ValueError("cannot derive typical pods from an empty workload")
@@ -67,7 +71,10 @@ class Workload:
             kept.append((shape, n))
             cum += n
         pop = np.array([n for _, n in kept], dtype=np.float64) / cum
-        return Workload(tuple(s for s, _ in kept), pop)
+        gpu_pods = [p for p in pods if p.gpus and not p.mig_profile]
+        gpu_milli = sum(p.total_gpu_milli for p in gpu_pods)
+        memory = sum(p.memory_mib for p in gpu_pods) / gpu_milli if gpu_milli else 0.0
+        return Workload(tuple(s for s, _ in kept), pop, memory)
 
     @staticmethod
     def of_shapes(shapes_and_weights: Iterable[tuple[Shape, float]]) -> "Workload":

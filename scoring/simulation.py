@@ -62,6 +62,10 @@ class SimulationResult:
     idle_milli: np.ndarray = field(repr=False)
     decision_seconds: np.ndarray = field(repr=False)
     wall_seconds: float = 0.0
+    # What arrived, in order, the node each pod went to (-1: failed), and the cluster at the end (for loss analysis).
+    arrivals: list[PodDemand] = field(default_factory=list, repr=False)
+    node_of: np.ndarray | None = field(default=None, repr=False)
+    final_state: ClusterState | None = field(default=None, repr=False)
 
     def curve(self, values: np.ndarray) -> dict[str, float]:
         """Discretise per-pod values onto arrived-ratio points 0..130 the way merge_*_discrete.py does."""
@@ -117,6 +121,7 @@ def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str,
     frag = np.zeros(n)
     idle = np.zeros(n)
     decide = np.zeros(n)
+    node_of = np.full(n, -1, dtype=np.int64)
     arrived_total = used_total = failed = 0
     frag_total, idle_total = metric.cluster_fragmentation()
     start = time.perf_counter()
@@ -141,7 +146,8 @@ def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str,
             frag_total += metric.frag[node] - before_frag
             idle_total += metric.idle[node] - before_idle
         arrived[i], used[i], frag[i], idle[i] = arrived_total, used_total, frag_total, idle_total
+        node_of[i] = node
         if progress is not None and (i % 256 == 0 or i == n - 1):
             progress(i + 1, n)
     return SimulationResult(policy, seed, tune, n, failed, state.total_gpu_milli, arrived, used, frag, idle, decide,
-                            time.perf_counter() - start)
+                            time.perf_counter() - start, pods, node_of, state)

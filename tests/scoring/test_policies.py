@@ -230,3 +230,33 @@ def test_scarcity_weighting():
     assert w.popularity.tolist() == pytest.approx([0.5 / 1.366025, 0.866025 / 1.366025], rel=1e-5)
     unrestricted = Workload((x,), np.array([1.0]))
     assert scarcity_weighted(s, unrestricted, 0.5) is unrestricted
+
+
+def test_gpuaas_share_goes_where_the_rest_of_the_workload_fills_the_remainder():
+    # Workload shares 470 : 650 : 320 : 230 = 2 : 1 : 1 : 1 (cutting-stock values 500, 667, 333, 250).
+    # Node a's GPU holds a 650 (350 free), node b's GPU is empty. A 230 next to the 650 leaves 120 that no share
+    # fills (regret 83.3 -> band int(100 * sigmoid(-30 * 83.3 / 1000)) = 7); on b it starts a 4 x 230 GPU (regret 0,
+    # band 50). FGD prefers a: before, 320 and 230 fit the 350 (fragment 350 * 0.6 = 210), after, nothing fits the
+    # 120 (fragment 120): a decrease of 90 -> band 52 against 50 for b.
+    shapes = tuple(Shape(1000, m, 1, frozenset()) for m in (470, 650, 320, 230))
+    wl = Workload(shapes, np.array([0.4, 0.2, 0.2, 0.2]))
+    s = ClusterState([NodeSpec("a", 32_000, 64_000, 1, "T4"), NodeSpec("b", 32_000, 64_000, 1, "T4")])
+    s.place(0, PodDemand(cpu_milli=1000, gpus=1, gpu_milli=650), (0,))
+    pod = PodDemand(cpu_milli=1000, gpus=1, gpu_milli=230)
+    mask = feasible(s, pod)
+    assert GpuaasPolicy(s, wl).score(s, pod, mask).tolist() == [7.0, 50.0]
+    assert FgdPolicy(s, wl).score(s, pod, mask).tolist() == [52.0, 50.0]
+
+
+def test_gpuaas_memory_look_ahead():
+    # Workload: 1-GPU pods, 10000m CPU and 20 GiB each -> 10 CPU-milli and 20.48 MiB per GPU-milli.
+    # Node: 2 idle GPUs, plenty of CPU, 30720 MiB free: feeding 2000 needs 40960 -> 10240 MiB short -> 500 stranded.
+    # A CPU-only pod taking 10240 MiB: 20480 left -> 1000 stranded -> the score's relief is -500.
+    from scoring.fragmentation import Workload as W
+
+    s = ClusterState([NodeSpec("n", 64_000, 30_720, 2, "T4")])
+    wl = W.typical([PodDemand(cpu_milli=10_000, memory_mib=20_480, gpus=1, gpu_milli=1000)])
+    assert wl.memory_per_gpu_milli == pytest.approx(20.48)
+    policy = GpuaasPolicy(s, wl)
+    pod = PodDemand(cpu_milli=1000, memory_mib=10_240)
+    assert policy._adjust(s, pod, np.array([0]))[0] == pytest.approx(-500.0)

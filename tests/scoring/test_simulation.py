@@ -58,3 +58,9 @@ def test_small_cluster_end_to_end(policy):
     assert r.failed > 0  # 130% of capacity cannot all fit
     again = simulate(nodes, trace, policy, seed=7)
     assert again.allocation_ratio() == alloc  # same seed, same run
+    # What arrived, where it went, and the cluster at the end agree with the counts.
+    assert len(r.arrivals) == r.pods == r.node_of.size
+    assert int((r.node_of < 0).sum()) == r.failed
+    placed = sum(len(on) for on in r.final_state.pods_on)
+    assert placed == r.pods - r.failed
+    assert r.final_state.used_gpu_milli == r.used_milli[-1]
