@@ -21,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="YAML/JSON settings file (fields of ExtenderConfig)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--policy", help="scoring policy (gpuaas, fgd, bestfit, least-allocated, random)")
+    from scoring.policies import POLICIES
+
+    p.add_argument("--policy", help=f"scoring policy ({', '.join(POLICIES)}; default gpuaas)")
     p.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")
     p.add_argument("--snapshot", type=Path, help="serve from a `kubectl get nodes,pods -A -o yaml` dump instead "
                                                  "of a live cluster")

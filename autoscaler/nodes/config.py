@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
 from gpuaas.config import ConfigError, load_config
@@ -112,6 +112,15 @@ class ScaleOutConfig(_Strict):
     planner_time_limit_s: float = Field(default=0.5, gt=0, description="per planner call (MIG, new nodes); past it "
                                         "the greedy answer is used")
     policy: str = Field(default="gpuaas", description="scoring policy of the what-if placements (as the extender's)")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from scoring.policies import POLICIES
+
+        if v.lower() not in POLICIES:
+            raise ValueError(f"policy {v!r} is not one of {', '.join(POLICIES)}")
+        return v.lower()
     backoff_initial_s: float = Field(default=300.0, gt=0, description="first back-off of a group whose node failed "
                                      "to provision; doubles per failure (cluster-autoscaler's defaults)")
     backoff_max_s: float = Field(default=1800.0, gt=0, description="longest back-off of a group")

@@ -75,3 +75,11 @@ def test_fake_provider_records_and_fails_on_demand():
     p.delete_node(g, "x")
     with pytest.raises(NodeNotFound):
         p.delete_node(g, "x")
+
+
+def test_unknown_scale_out_policy_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"groups": [{"name": "g", "template": A100X8, "max_size": 2, "cost_per_hour": 1}],
+                                "scale_out": {"policy": "best-fit"}}))
+    with pytest.raises(ConfigError, match=r"scale_out\.policy: policy 'best-fit' is not one of random, least-allocated"):
+        load_nodescaler_config(path, environ={})
