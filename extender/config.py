@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scoring.policies import POLICIES
+from scoring.policies import known_policy
 
 ENV_PREFIX = "GPUAAS_EXTENDER_"
 
@@ -41,6 +41,5 @@ class ExtenderConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known_policy(self) -> "ExtenderConfig":
-        if self.policy.lower() not in POLICIES:
-            raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        known_policy(self.policy)
         return self

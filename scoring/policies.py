@@ -275,6 +275,13 @@ def register_policy(name: str, factory: Callable[..., Policy]) -> None:
     POLICIES[name] = factory
 
 
+def known_policy(name: str) -> str:
+    """`name` in lower case if a policy is registered under it; a ValueError naming the known ones if not."""
+    if name.lower() not in POLICIES:
+        raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}")
+    return name.lower()
+
+
 def make_policy(name: str, state: ClusterState, workload: Workload | None = None,
                 rng: np.random.Generator | None = None) -> Policy:
     try:

@@ -28,6 +28,7 @@ from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
 from gpuaas.config import ConfigError, load_config
 from gpuaas.leader import LeaderElectionConfig as LeaseConfig
 from scoring.model import NodeSpec
+from scoring.policies import known_policy
 
 ENV_PREFIX = "GPUAAS_NODESCALER_"
 
@@ -112,21 +113,17 @@ class ScaleOutConfig(_Strict):
     planner_time_limit_s: float = Field(default=0.5, gt=0, description="per planner call (MIG, new nodes); past it "
                                         "the greedy answer is used")
     policy: str = Field(default="gpuaas", description="scoring policy of the what-if placements (as the extender's)")
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, v: str) -> str:
-        from scoring.policies import POLICIES
-
-        if v.lower() not in POLICIES:
-            raise ValueError(f"policy {v!r} is not one of {', '.join(POLICIES)}")
-        return v.lower()
     backoff_initial_s: float = Field(default=300.0, gt=0, description="first back-off of a group whose node failed "
                                      "to provision; doubles per failure (cluster-autoscaler's defaults)")
     backoff_max_s: float = Field(default=1800.0, gt=0, description="longest back-off of a group")
     # Pods younger than this are not acted on, so that one reconcile sees a burst whole (Karpenter batches 1 s).
     new_pod_delay_s: float = Field(default=0.0, ge=0, description="pods pending for less than this are left to the "
                                    "next reconcile")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        return known_policy(v)
 
 
 class ScaleInConfig(_Strict):
