@@ -374,12 +374,13 @@ class GpuaasPolicy(FgdPolicy):
         if pod.is_share:
             return self._share_score(state, pod, mask)
         s = super().score(state, pod, mask)
+        rows = np.flatnonzero(mask)  # tie-breakers only where the pod fits: the rest is never chosen
         if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
-            s = s + self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus)
-        cap = np.maximum(state.gpu_count, 1) * MILLI
-        gpu_used = 1.0 - state.gpu_left.sum(axis=1) / cap
-        cpu_used = 1.0 - state.cpu_left / np.maximum(state.cpu_cap, 1)
-        return s + self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
+            s[rows] += self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus, rows)
+        gpu_used = 1.0 - state.gpu_left[rows].sum(axis=1) / (np.maximum(state.gpu_count[rows], 1) * MILLI)
+        cpu_used = 1.0 - state.cpu_left[rows] / np.maximum(state.cpu_cap[rows], 1)
+        s[rows] += self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
+        return s
 
     def _share_score(self, state, pod, mask):
         """Per node, the best GPU's int(100 * sigmoid((stranded decrease - REGRET_WEIGHT x regret) / 1000))."""
@@ -457,14 +458,14 @@ def scarcity_weighted(state: ClusterState, workload: Workload, exponent: float) 
     return replace(workload, popularity=weight / weight.sum())
 
 
-def fits_in_one_block(state: ClusterState, k: int) -> np.ndarray:
-    """float[N]: 1 where some NVLink/NUMA block on the node has k fully free GPUs."""
-    free = state.gpu_left == MILLI
-    blocks = np.unique(state.block)
-    best = np.zeros(len(state), dtype=np.int64)
-    for b in blocks:
-        best = np.maximum(best, (free & (state.block == b)).sum(axis=1))
-    return (best >= k).astype(float)
+def fits_in_one_block(state: ClusterState, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """float[len(rows)] (float[N] without rows): 1 where some NVLink/NUMA block on the node has k fully free GPUs."""
+    sel = slice(None) if rows is None else rows
+    free = state.gpu_left[sel] == MILLI
+    block = state.block[sel]
+    # Free GPUs in each free GPU's own block: block ids compared within each node (G x G), no sort over the cluster.
+    together = ((block[:, :, None] == block[:, None, :]) & free[:, None, :]).sum(axis=2)
+    return ((together * free).max(axis=1, initial=0) >= k).astype(float)
 
 
 def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...] | None:

@@ -153,6 +153,10 @@ def test_fits_in_one_block():
     # Node 0 has 3 free per block: a 4-GPU pod cannot stay in one block there; node 1 can.
     assert fits_in_one_block(s, 4).tolist() == [0.0, 1.0]
     assert fits_in_one_block(s, 3).tolist() == [1.0, 1.0]
+    assert fits_in_one_block(s, 4, np.array([1, 0])).tolist() == [1.0, 0.0]  # only the rows asked, in that order
+    # Block ids need not be small or contiguous (they come from node labels).
+    odd = ClusterState([NodeSpec("x", 96_000, 1, 4, "H100-80GB", gpu_blocks=(7, 7, 42, 42))])
+    assert fits_in_one_block(odd, 2).tolist() == [1.0] and fits_in_one_block(odd, 3).tolist() == [0.0]
 
 
 def test_gpuaas_multi_gpu_pod_prefers_node_where_it_stays_in_one_block():
@@ -195,8 +199,10 @@ def test_filter_and_prioritize_for_the_extender():
     # BestFit raw: a = trunc(100*(1 - 0.5*28000/128000 - 0.5*400/8000)) = trunc(86.56) = 86,
     # b = trunc(100*(1 - 0.5*60000/128000 - 0.5*3000/8000)) = trunc(57.81) = 57 -> normalised a 100, b 0
     # -> onto 0..10: a 10, b 0; c infeasible 0. With candidates [b, c] only b is feasible -> the top, 10.
-    assert prioritize(s, BestFitPolicy(s), pod, s.names) == ([(a, 10), (b, 0), (c, 0)], a)
-    assert prioritize(s, BestFitPolicy(s), pod, [b, c]) == ([(b, 10), (c, 0)], b)
+    ranked = prioritize(s, BestFitPolicy(s), pod, s.names)
+    assert (ranked.pairs(), ranked.pick) == ([(a, 10), (b, 0), (c, 0)], a)
+    ranked = prioritize(s, BestFitPolicy(s), pod, [b, c])
+    assert (ranked.pairs(), ranked.pick) == ([(b, 10), (c, 0)], b)
 
 
 @pytest.mark.parametrize("pod_cpu, relief", [
