@@ -34,7 +34,7 @@ from .config import ExtenderConfig
 from .metrics import Metrics
 from .service import BadRequest, ExtenderService
 from scoring.clusterview import ClusterView
-from .wire import ExtenderArgs, ExtenderBindingArgs
+from .wire import ExtenderArgs, ExtenderBindingArgs, HostPriorityEncoder
 
 log = logging.getLogger("gpuaas.extender")
 
@@ -42,6 +42,7 @@ SERVICE = web.AppKey("service", ExtenderService)
 CONFIG = web.AppKey("config", ExtenderConfig)
 METRICS = web.AppKey("metrics", Metrics)
 READY = web.AppKey("ready", Callable[[], bool])
+PRIORITY_ENCODER = web.AppKey("priority_encoder", HostPriorityEncoder)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -80,11 +81,13 @@ async def _read_json(request: web.Request) -> Any:
     body = await asyncio.wait_for(request.read(), timeout=request.app[CONFIG].read_timeout_seconds)
     if not body:
         raise BadRequest("request body is empty")
-    return json.loads(body)
+    return orjson.loads(body)  # orjson.JSONDecodeError is a json.JSONDecodeError: same 400
 
 
 def _json(model: BaseModel) -> web.Response:
-    return web.Response(body=orjson.dumps(model.model_dump()), content_type="application/json")
+    # The replies are flat (plain dicts, lists, strings): their fields go to orjson as they are, without the copy
+    # model_dump makes of a FailedNodes map with thousands of entries.
+    return web.Response(body=orjson.dumps(dict(model)), content_type="application/json")
 
 
 async def filter_verb(request: web.Request) -> web.Response:
@@ -95,8 +98,8 @@ async def filter_verb(request: web.Request) -> web.Response:
 async def prioritize_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
     scored = request.app[SERVICE].prioritize(args)
-    return web.Response(body=orjson.dumps([{"Host": h, "Score": s} for h, s in scored]),
-                        content_type="application/json")
+    body = request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def bind_verb(request: web.Request) -> web.Response:
@@ -133,6 +136,7 @@ def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
              ready: Callable[[], bool]) -> web.Application:
     app = web.Application(middlewares=[errors], client_max_size=config.max_body_bytes)
     app[SERVICE], app[CONFIG], app[METRICS], app[READY] = service, config, metrics, ready
+    app[PRIORITY_ENCODER] = HostPriorityEncoder()
     app.router.add_post("/filter", filter_verb)
     app.router.add_post("/prioritize", prioritize_verb)
     app.router.add_post("/bind", bind_verb)

@@ -74,21 +74,22 @@ class ExtenderService:
             Nodes=nodes, NodeNames=verdict.feasible if args.NodeNames is not None else None,
             FailedNodes=verdict.failed, FailedAndUnresolvableNodes=verdict.unresolvable, Error="")
 
-    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
-        """(host, score) pairs: the wire's HostPriorityList, left unwrapped because it can hold thousands."""
+    def prioritize(self, args: ExtenderArgs) -> verdicts.Priorities:
+        """A score per candidate: the wire's HostPriorityList, left as arrays because it can hold thousands."""
         demand = self._demand(args.Pod)
         state, policy = self.view.snapshot()
         names = args.node_names()
         uid, feasible_names, rows, version = self._last_filter
         if not (uid == args.Pod["metadata"].get("uid") and version == state.version and names == feasible_names):
             rows = None
-        scored, pick = verdicts.prioritize(state, policy, demand, names, rows)
+        scored = verdicts.prioritize(state, policy, demand, names, rows)
+        pick = scored.pick
         if pick is not None:
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
             self.view.assume(pod_key(args.Pod), pick, demand, tuple(policy.devices(state, demand, node)))
-        self.metrics.decisions.labels("prioritize", "scored").inc(len(scored))
+        self.metrics.decisions.labels("prioritize", "scored").inc(len(scored.names))
         return scored
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:

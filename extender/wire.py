@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_EXTENDER_PRIORITY = 10
@@ -59,6 +61,33 @@ class HostPriority(_Wire):
 
     Host: str
     Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
+
+
+class HostPriorityEncoder:
+    """Writes the prioritize reply, a JSON array of HostPriority, for thousands of candidates without a dict per
+    entry: each node's `{"Host":"NAME","Score":` is encoded once per node set and joined with the score's digits."""
+
+    _SUFFIX = np.array([f"{s}}}".encode() for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object)
+
+    def __init__(self) -> None:
+        self._row_names: list[str] | None = None
+        self._prefix = np.empty(0, dtype=object)
+
+    @staticmethod
+    def _head(name: str) -> bytes:
+        return b'{"Host":' + orjson.dumps(name) + b',"Score":'
+
+    def encode(self, names: list[str], rows: np.ndarray, scores: np.ndarray, row_names: list[str]) -> bytes:
+        """`scores[i]` (0..10) for `names[i]`, whose model row is `rows[i]` (-1: unknown) in `row_names`."""
+        if row_names is not self._row_names:  # a new node set: the model was rebuilt
+            self._prefix = np.array([self._head(n) for n in row_names] + [b""], dtype=object)
+            self._row_names = row_names
+        if len(scores) and (scores.min() < 0 or scores.max() > MAX_EXTENDER_PRIORITY):
+            raise ValueError(f"scores must be within 0..{MAX_EXTENDER_PRIORITY}")
+        heads = self._prefix[rows].tolist()
+        if (rows < 0).any():  # names gpuaas does not know (few): encode them here
+            heads = [h if r >= 0 else self._head(n) for h, r, n in zip(heads, rows.tolist(), names)]
+        return b"[" + b",".join(map(bytes.__add__, heads, self._SUFFIX[scores].tolist())) + b"]"
 
 
 class ExtenderBindingArgs(_Wire):

@@ -26,7 +26,7 @@ class FilterVerdict:
 
 def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
     """Model row per name, -1 for names the model does not know."""
-    return np.array(list(map(state.index.get, names, repeat(-1))), dtype=np.int64)
+    return np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
 
 
 def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tuple[np.ndarray, list[str], int]:
@@ -102,8 +102,22 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     return verdict
 
 
+@dataclass
+class Priorities:
+    """prioritize's answer: a 0..10 score per candidate name (aligned with `names`; `rows` their model rows, -1 for
+    names the model does not know) and the node gpuaas would pick. Arrays, not pairs: it can hold thousands."""
+    names: list[str]
+    rows: np.ndarray
+    scores: np.ndarray
+    pick: str | None
+    row_names: list[str]  # the model's node name per row (ClusterState.names)
+
+    def pairs(self) -> list[tuple[str, int]]:
+        return list(zip(self.names, self.scores.tolist()))
+
+
 def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[str],
-               rows: np.ndarray | None = None) -> tuple[list[tuple[str, int]], str | None]:
+               rows: np.ndarray | None = None) -> Priorities:
     """0..10 per candidate (candidates that do not fit, or are unknown, get 0), and the node gpuaas would pick.
 
     Nodes tied at the top are ranked: the pick keeps 10 and the others get 9. kube-scheduler breaks ties at random;
@@ -124,7 +138,7 @@ def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[
         scores[ties] = MAX_EXTENDER_PRIORITY - 1
     out = np.zeros(len(names), dtype=np.int64)
     out[known] = scores[rows[known]]
-    return list(zip(names, out.tolist())), (state.names[best] if best >= 0 else None)
+    return Priorities(names, rows, out, state.names[best] if best >= 0 else None, state.names)
 
 
 def devices_free(state: ClusterState, node: int, pod: PodDemand, devices: tuple[int, ...]) -> bool:
@@ -154,7 +168,7 @@ def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
         out.update(fits=False, resolvable=True, reason=verdict.failed[node],
                    detail=infeasible_reason(state, pod, state.index[node]))
     else:
-        scores = dict(prioritize(state, policy, pod, verdict.feasible)[0])
+        scores = dict(prioritize(state, policy, pod, verdict.feasible).pairs())
         rank = sorted(scores.values(), reverse=True).index(scores[node]) + 1
         raw = policy.score(state, pod, feasible(state, pod))
         out.update(fits=True, score=scores[node], raw_score=float(raw[state.index[node]]), policy=policy.name,

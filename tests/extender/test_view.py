@@ -121,7 +121,7 @@ def test_prioritize_holds_its_pick_and_bind_moves_it_where_the_scheduler_chose()
     view = view_with_nodes()
     pods = {"ml/p": pending("p", gpus=4)}
     svc = service(view, RecordingBinder(), pods)
-    scored = svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["h100-0000", "h100-0001"]))
+    scored = svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["h100-0000", "h100-0001"])).pairs()
     pick = max(scored, key=lambda hs: hs[1])[0]
     other = "h100-0001" if pick == "h100-0000" else "h100-0000"
     assert sorted(s for _, s in scored) == [9, 10]  # a tie at the top is ranked, so the scheduler follows
@@ -156,7 +156,7 @@ def test_bind_on_the_picked_node_uses_the_devices_prioritize_held():
     pods = {"ml/p": pending("p", gpus=2)}
     binder = RecordingBinder()
     svc = service(view, binder, pods)
-    scored = svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["a100-0001"]))
+    scored = svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["a100-0001"])).pairs()
     held = view.placements["ml/p"].devices
     asyncio.run(svc.bind(ExtenderBindingArgs(PodName="p", PodNamespace="ml", PodUID="uid-p", Node="a100-0001")))
     assert scored == [("a100-0001", 10)]
