@@ -2,6 +2,7 @@
 static fleet, on a request trace replayed in simulated time. Prints JSON.
 
     python bench/autoscaling_compare.py [--trace CSV] [--rate-scale 10] [--targets 0.25,0.5,...] [--warmup 0,300]
+                                        [--min-replicas 1,20,40,60,70]
 
 For each warm-up setting: every run's summary, and the must-show comparison: ours' SLO attainment and its GPU-replica-
 hours over those of the cheapest hpa (and keda) target reaching the SLO bar (null when no target reaches it), and over
@@ -33,6 +34,9 @@ def main() -> int:
     ap.add_argument("--rate-scale", type=int, default=10)
     ap.add_argument("--targets", default="0.25,0.5,1,2,3,4,6,8")
     ap.add_argument("--warmup", default="0,300", help="comma list of warm-up seconds to evaluate")
+    ap.add_argument("--min-replicas", default=None,
+                    help="comma list: also search hpa minReplicas and keda minReplicaCount over these (default: each "
+                         "system's own default only, HPA 1 and KEDA 0); the initial fleet is that minimum")
     ap.add_argument("--max-replicas", type=int, default=200)
     ap.add_argument("--bar", type=float, default=0.99, help="SLO attainment bar")
     ap.add_argument("--smooth-seed", type=int, help="a robustness variant: move every arrival to a uniformly random "
@@ -50,8 +54,13 @@ def main() -> int:
     targets = [float(x) for x in args.targets.split(",")]
     mx = args.max_replicas
     policies = [(QueueDepthPolicy(QueueDepthConfig(max_replicas=mx)), None, 1), (StaticPolicy(peak), None, peak)]
-    policies += [(HpaPolicy(target=t, max_replicas=mx), t, 1) for t in targets]
-    policies += [(KedaPolicy(target=t, max_replica_count=mx), t, 1) for t in targets]
+    floors = [int(x) for x in args.min_replicas.split(",")] if args.min_replicas else [None]
+    for m in floors:
+        policies += [(HpaPolicy(target=t, max_replicas=mx, **({} if m is None else {"min_replicas": m})), t,
+                      max(1, m or 1)) for t in targets]
+    for m in floors:
+        policies += [(KedaPolicy(target=t, max_replica_count=mx, **({} if m is None else {"min_replica_count": m})),
+                      t, max(1, m or 1)) for t in targets]
     out = {"trace": args.trace, "smooth_seed": args.smooth_seed, "rate_scale": args.rate_scale,
            "requests": len(arrivals),
            "static_peak_replicas": peak, "service_model": model.__dict__, "bar": args.bar, "evaluations": []}
@@ -60,8 +69,11 @@ def main() -> int:
         t0 = time.perf_counter()
         for policy, target, initial in policies:
             r = simulate(arrivals, policy, model, initial_replicas=initial, target=target, warmup_s=warmup)
-            rows.append(r.summary())
-            print(f"warmup {warmup:g}: {r.policy} {target}: {r.slo_attainment:.4f} {r.gpu_replica_hours:.2f}",
+            floor = getattr(policy, "min_replicas", getattr(policy, "min_replica_count", None))
+            if isinstance(policy, QueueDepthPolicy):
+                floor = policy.config.min_replicas
+            rows.append({**r.summary(), "min_replicas": floor})
+            print(f"warmup {warmup:g}: {r.policy} {target} min {floor}: {r.slo_attainment:.4f} {r.gpu_replica_hours:.2f}",
                   file=sys.stderr, flush=True)
         # The cheapest static fleet that reaches the bar, found with hindsight (bisection on the count).
         lo, hi = peak, mx
@@ -86,10 +98,12 @@ def main() -> int:
             best_slo = max((r for r in rows if r["policy"] == name), key=lambda r: r["slo_attainment"])
             comparison[name] = {
                 "cheapest_target_reaching_bar": best["target"] if best else None,
+                "its_min_replicas": best["min_replicas"] if best else None,
                 "its_gpu_replica_hours": best["gpu_replica_hours"] if best else None,
                 "ours_over_it": round(ours["gpu_replica_hours"] / best["gpu_replica_hours"], 4) if best else None,
                 "best_slo_attainment_any_target": best_slo["slo_attainment"],
-                "best_target": best_slo["target"], "best_target_gpu_replica_hours": best_slo["gpu_replica_hours"],
+                "best_target": best_slo["target"], "best_target_min_replicas": best_slo["min_replicas"],
+                "best_target_gpu_replica_hours": best_slo["gpu_replica_hours"],
             }
         out["evaluations"].append({"warmup_s": warmup, "wall_s": round(time.perf_counter() - t0, 1),
                                    "comparison": {**comparison, "static_hindsight": {

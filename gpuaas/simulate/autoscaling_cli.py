@@ -87,12 +87,15 @@ def build_policies(names: list[str], targets: list[float] | None, args: argparse
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'policy':<8} {'target':>7} {'SLO attain':>10} {'p99 wait s':>11} {'GPU-h':>8} {'max repl':>8}"
+    floors = any(r.get("min_replicas") is not None for r in rows)  # a column only when some row has a floor
+    head = (f"{'policy':<8} {'target':>7}" + (f" {'min':>4}" if floors else "")
+            + f" {'SLO attain':>10} {'p99 wait s':>11} {'GPU-h':>8} {'max repl':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         target = "" if r["target"] is None else f"{r['target']:g}"
-        lines.append(f"{r['policy']:<8} {target:>7} {100 * r['slo_attainment']:>9.2f}% {r['p99_queue_wait_s']:>11.1f} "
-                     f"{r['gpu_replica_hours']:>8.2f} {r['max_replicas']:>8}")
+        floor = f" {'' if r.get('min_replicas') is None else r['min_replicas']:>4}" if floors else ""
+        lines.append(f"{r['policy']:<8} {target:>7}{floor} {100 * r['slo_attainment']:>9.2f}% "
+                     f"{r['p99_queue_wait_s']:>11.1f} {r['gpu_replica_hours']:>8.2f} {r['max_replicas']:>8}")
     return "\n".join(lines)
 
 

@@ -196,3 +196,14 @@ def test_synthetic_trace_has_the_shape_of_the_code_trace_and_round_trips_through
     write_trace(path, arrivals[:50])
     back = load_trace(path)
     assert [(round(a.t, 3), a.context_tokens) for a in back] == [(round(a.t, 3), a.context_tokens) for a in arrivals[:50]]
+
+
+def test_table_shows_a_min_replicas_column_only_when_a_row_has_a_floor():
+    from gpuaas.simulate.autoscaling_cli import format_table
+
+    row = {"policy": "hpa", "target": 2.0, "slo_attainment": 0.99, "p99_queue_wait_s": 1.0, "gpu_replica_hours": 3.0,
+           "max_replicas": 7}
+    assert " min " not in format_table([row]).splitlines()[0]
+    lines = format_table([{**row, "min_replicas": 40}, {**row, "policy": "static"}]).splitlines()
+    assert lines[0].split()[:3] == ["policy", "target", "min"]
+    assert lines[2].split()[:3] == ["hpa", "2", "40"] and lines[3].split()[:2] == ["static", "2"]
