@@ -158,8 +158,10 @@ def test_after_a_solve_ctrl_c_is_still_a_keyboard_interrupt():
     import subprocess
     import sys
 
+    # The child starts with Python's own handler even when this run inherited SIGINT ignored (a background job).
     code = """
 import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.planner import place_gang
 s = ClusterState([NodeSpec("n0", 96_000, 512_000, 8, "A100-80GB")])
