@@ -463,9 +463,12 @@ def fits_in_one_block(state: ClusterState, k: int, rows: np.ndarray | None = Non
     sel = slice(None) if rows is None else rows
     free = state.gpu_left[sel] == MILLI
     block = state.block[sel]
-    # Free GPUs in each free GPU's own block: block ids compared within each node (G x G), no sort over the cluster.
-    together = ((block[:, :, None] == block[:, None, :]) & free[:, None, :]).sum(axis=2)
-    return ((together * free).max(axis=1, initial=0) >= k).astype(float)
+    # The ids present, by counting rather than sorting (np.unique over every GPU of the cluster cost 0.5 ms).
+    ids = np.flatnonzero(np.bincount(block.ravel())) if block.size and block.min() >= 0 else np.unique(block)
+    best = np.zeros(len(block), dtype=np.int64)
+    for b in ids:
+        np.maximum(best, (free & (block == b)).sum(axis=1), out=best)
+    return (best >= k).astype(float)
 
 
 def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...] | None:

@@ -157,6 +157,8 @@ def test_fits_in_one_block():
     # Block ids need not be small or contiguous (they come from node labels).
     odd = ClusterState([NodeSpec("x", 96_000, 1, 4, "H100-80GB", gpu_blocks=(7, 7, 42, 42))])
     assert fits_in_one_block(odd, 2).tolist() == [1.0] and fits_in_one_block(odd, 3).tolist() == [0.0]
+    neg = ClusterState([NodeSpec("y", 96_000, 1, 4, "H100-80GB", gpu_blocks=(-1, -1, -1, 5))])
+    assert fits_in_one_block(neg, 3).tolist() == [1.0] and fits_in_one_block(neg, 4).tolist() == [0.0]
 
 
 def test_gpuaas_multi_gpu_pod_prefers_node_where_it_stays_in_one_block():
