@@ -53,27 +53,26 @@ def main() -> int:
     peak = peak_replicas(arrivals, model)
     targets = [float(x) for x in args.targets.split(",")]
     mx = args.max_replicas
-    policies = [(QueueDepthPolicy(QueueDepthConfig(max_replicas=mx)), None, 1), (StaticPolicy(peak), None, peak)]
-    floors = [int(x) for x in args.min_replicas.split(",")] if args.min_replicas else [None]
-    for m in floors:
-        policies += [(HpaPolicy(target=t, max_replicas=mx, **({} if m is None else {"min_replicas": m})), t,
-                      max(1, m or 1)) for t in targets]
-    for m in floors:
-        policies += [(KedaPolicy(target=t, max_replica_count=mx, **({} if m is None else {"min_replica_count": m})),
-                      t, max(1, m or 1)) for t in targets]
+    ours_config = QueueDepthConfig(max_replicas=mx)
+    # (policy, target, initial replicas, floor): every fleet starts at its floor, and at least one replica.
+    policies = [(QueueDepthPolicy(ours_config), None, 1, ours_config.min_replicas),
+                (StaticPolicy(peak), None, peak, None)]
+    floors = [int(x) for x in args.min_replicas.split(",")] if args.min_replicas else None
+    policies += [(HpaPolicy(target=t, min_replicas=m, max_replicas=mx), t, max(1, m), m)
+                 for m in floors or [HpaPolicy.min_replicas] for t in targets]
+    policies += [(KedaPolicy(target=t, min_replica_count=m, max_replica_count=mx), t, max(1, m), m)
+                 for m in floors or [KedaPolicy.min_replica_count] for t in targets]
     out = {"trace": args.trace, "smooth_seed": args.smooth_seed, "rate_scale": args.rate_scale,
            "requests": len(arrivals),
            "static_peak_replicas": peak, "service_model": model.__dict__, "bar": args.bar, "evaluations": []}
     for warmup in [float(w) for w in args.warmup.split(",")]:
         rows = []
         t0 = time.perf_counter()
-        for policy, target, initial in policies:
+        for policy, target, initial, floor in policies:
             r = simulate(arrivals, policy, model, initial_replicas=initial, target=target, warmup_s=warmup)
-            floor = getattr(policy, "min_replicas", getattr(policy, "min_replica_count", None))
-            if isinstance(policy, QueueDepthPolicy):
-                floor = policy.config.min_replicas
             rows.append({**r.summary(), "min_replicas": floor})
-            print(f"warmup {warmup:g}: {r.policy} {target} min {floor}: {r.slo_attainment:.4f} {r.gpu_replica_hours:.2f}",
+            print(f"warmup {warmup:g}: {r.policy} {target} min {floor}: {r.slo_attainment:.4f} "
+                  f"{r.gpu_replica_hours:.2f}",
                   file=sys.stderr, flush=True)
         # The cheapest static fleet that reaches the bar, found with hindsight (bisection on the count).
         lo, hi = peak, mx
