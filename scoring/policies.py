@@ -19,6 +19,7 @@ import numpy as np
 
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.model import MILLI, ClusterState, PodDemand
+from scoring.rowwise import any_per_row, count_per_row, sum_per_row
 from scoring.sharevalues import ShareValues
 
 MAX_NODE_SCORE = 100  # kube-scheduler framework.MaxNodeScore
@@ -39,10 +40,10 @@ def feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
         col = state.mig_pos.get(pod.mig_profile)
         if col is None:
             return np.zeros(len(state), dtype=bool)
-        return ok & (state.mig_free[:, :, col] > 0).any(axis=1)
+        return ok & any_per_row(state.mig_free[:, :, col] > 0)
     if pod.gpu_milli < MILLI:
-        return ok & (state.gpu_left >= pod.gpu_milli).any(axis=1)
-    return ok & ((state.gpu_left == MILLI).sum(axis=1) >= pod.gpus)
+        return ok & any_per_row(state.gpu_left >= pod.gpu_milli)
+    return ok & (count_per_row(state.gpu_left == MILLI) >= pod.gpus)
 
 
 def infeasible_reason(state: ClusterState, pod: PodDemand, node: int) -> str | None:
@@ -377,7 +378,7 @@ class GpuaasPolicy(FgdPolicy):
         rows = np.flatnonzero(mask)  # tie-breakers only where the pod fits: the rest is never chosen
         if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
             s[rows] += self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus, rows)
-        gpu_used = 1.0 - state.gpu_left[rows].sum(axis=1) / (np.maximum(state.gpu_count[rows], 1) * MILLI)
+        gpu_used = 1.0 - sum_per_row(state.gpu_left[rows]) / (np.maximum(state.gpu_count[rows], 1) * MILLI)
         cpu_used = 1.0 - state.cpu_left[rows] / np.maximum(state.cpu_cap[rows], 1)
         s[rows] += self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
         return s
@@ -467,7 +468,7 @@ def fits_in_one_block(state: ClusterState, k: int, rows: np.ndarray | None = Non
     ids = np.flatnonzero(np.bincount(block.ravel())) if block.size and block.min() >= 0 else np.unique(block)
     best = np.zeros(len(block), dtype=np.int64)
     for b in ids:
-        np.maximum(best, (free & (block == b)).sum(axis=1), out=best)
+        np.maximum(best, count_per_row(free & (block == b)), out=best)
     return (best >= k).astype(float)
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import compress, repeat
+from operator import itemgetter
 
 import numpy as np
 
 from scoring.model import MILLI, ClusterState, PodDemand
 from scoring.policies import MAX_EXTENDER_PRIORITY, Policy, feasible, infeasible_reason, normalize, select_node
+from scoring.rowwise import count_per_row
 
 UNKNOWN_NODE = "node not (yet) in gpuaas's cache; it will be considered once the node watch delivers it"
 
@@ -26,6 +28,11 @@ class FilterVerdict:
 
 def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
     """Model row per name, -1 for names the model does not know."""
+    if len(names) > 1:
+        try:  # every name known, the usual case: one C-level lookup of all names (0.17 ms for 5,000, not 0.25)
+            return np.fromiter(itemgetter(*names)(state.index), dtype=np.int64, count=len(names))
+        except KeyError:
+            pass
     return np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
 
 
@@ -49,7 +56,7 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
     if pod.gpus:
         mark(gpus == 0, "node has no GPUs")
         allowed = state.model_allowed(pod)[rows]
-        for m, gm in enumerate(state.models):
+        for m, gm in enumerate(state.models if pod.allowed_models or pod.mig_profile else ()):
             on_model = model == m
             mark(on_model & ~allowed, f"GPU model {gm.name} is not one the pod accepts "
                                       f"({', '.join(sorted(pod.allowed_models))})")
@@ -57,7 +64,7 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
                 known = ", ".join(p for p in gm.mig_profiles if "+" not in p) or "none"
                 mark(on_model, f"no MIG layout of {gm.name} has a {pod.mig_profile} instance (its profiles: {known})")
         if not pod.mig_profile and not pod.is_share:
-            for n in np.unique(gpus[gpus < pod.gpus]):
+            for n in _present(gpus[gpus < pod.gpus]):
                 mark(gpus == n, f"pod asks for {pod.gpus} GPUs, the node has {n}")
     resolvable = len(messages)
     mark(state.cpu_left[rows] < pod.cpu_milli, f"insufficient cpu ({pod.cpu_milli}m requested)")
@@ -69,10 +76,15 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
         elif pod.is_share:
             mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
         else:
-            whole_free = (state.gpu_left[rows] == MILLI).sum(axis=1)
-            for n in np.unique(whole_free[~fits]):
+            whole_free = count_per_row(state.gpu_left[rows] == MILLI)
+            for n in _present(whole_free[~fits]):
                 mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
     return code, messages, resolvable
+
+
+def _present(counts: np.ndarray) -> list[int]:
+    """The distinct values of small non-negative integers (GPU counts), ascending; bincount beats np.unique here."""
+    return np.flatnonzero(np.bincount(counts)).tolist() if counts.size else []
 
 
 def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
@@ -80,26 +92,33 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     verdict = FilterVerdict()
     rows = node_indices(state, names)
     known = rows >= 0
-    code = np.full(len(names), -1, dtype=np.int64)
-    code_known, messages, resolvable = misfit_reasons(state, pod, rows[known])
-    code[known] = code_known
+    if known.all():
+        code, messages, resolvable = misfit_reasons(state, pod, rows)
+    else:
+        code = np.full(len(names), -1, dtype=np.int64)
+        code[known], messages, resolvable = misfit_reasons(state, pod, rows[known])
     ok = code == 0
     verdict.feasible = list(compress(names, ok.tolist()))
     verdict.feasible_rows = rows[ok]
-    # Thousands of rejected nodes: build the reason maps with C-level loops (compress, zip, map), not per name.
-    codes = code.tolist()
-    structural = (code > 0) & (code < resolvable)
-    verdict.unresolvable = dict(zip(compress(names, structural.tolist()),
-                                    map(messages.__getitem__, compress(codes, structural.tolist()))))
-    transient = code >= resolvable
-    verdict.failed = dict(zip(compress(names, transient.tolist()),
-                              map(messages.__getitem__, compress(codes, transient.tolist()))))
-    for name in compress(names, (code < 0).tolist()):  # names the model does not know (few)
+    # Thousands of rejected nodes share a few messages: one C-level gather of names and one dict.fromkeys per
+    # message, not a Python step per name.
+    for c in np.flatnonzero(np.bincount(code[code > 0])).tolist():
+        reasons = verdict.unresolvable if c < resolvable else verdict.failed
+        reasons.update(dict.fromkeys(_names_at(names, np.flatnonzero(code == c)), messages[c]))
+    for name in _names_at(names, np.flatnonzero(~known)):  # names the model does not know (few)
         if unreadable and name in unreadable:
             verdict.unresolvable[name] = f"gpuaas cannot read this node: {unreadable[name]}"
         else:
             verdict.failed[name] = UNKNOWN_NODE
     return verdict
+
+
+def _names_at(names: list[str], positions: np.ndarray) -> tuple[str, ...]:
+    if len(positions) == 0:
+        return ()
+    if len(positions) == 1:
+        return (names[int(positions[0])],)
+    return itemgetter(*positions.tolist())(names)
 
 
 @dataclass
