@@ -405,24 +405,27 @@ class GpuaasPolicy(FgdPolicy):
         feed are stranded)."""
         col = state.mig_pos.get(pod.mig_profile)
         out = np.zeros(len(state))
-        if col is None:
+        rows = np.flatnonzero(mask)  # only where the instance fits: the MIG arrays are N x G x profiles
+        if col is None or rows.size == 0:
             return out
         slices = np.array([int(p.split("g.", 1)[0]) for p in state.mig_profiles], dtype=float)
-        free_slices = (state.mig_free * slices[None, None, :]).sum(axis=(1, 2))
+        mig_free = state.mig_free[rows]
+        free_slices = np.einsum("ngp,p->n", mig_free, slices)
         c = self.cpu_per_gpu_milli * MILLI / 7.0  # CPU per compute slice
         after = free_slices - slices[col]
-        cpu = state.cpu_left.astype(float)
+        cpu = state.cpu_left[rows].astype(float)
 
         def stranded(free, cpu_left):
             return np.minimum(free, np.maximum(0.0, free * c - cpu_left) / c) if c > 0 else np.zeros_like(free)
 
         relief = stranded(free_slices, cpu) - stranded(after, cpu - pod.cpu_milli)
-        partly_used = state.mig_mask > 0
-        on_partial = ((state.mig_free[:, :, col] > 0) & partly_used).any(axis=1)
-        node_used = partly_used.any(axis=1)
+        partly_used = state.mig_mask[rows] > 0
+        on_partial = any_per_row((mig_free[:, :, col] > 0) & partly_used)
+        node_used = any_per_row(partly_used)
         # Consolidation first (untouched nodes keep their CPU for big requests and their GPUs for repartitioning),
         # the CPU look-ahead as the finer criterion.
-        return 2.0 * node_used + 1.0 * on_partial + 0.1 * np.round(relief, 3)
+        out[rows] = 2.0 * node_used + 1.0 * on_partial + 0.1 * np.round(relief, 3)
+        return out
 
     def devices(self, state, pod, node):
         if pod.mig_profile:
