@@ -234,6 +234,17 @@ def test_snapshot_file_as_kubectl_prints_it(tmp_path):
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [{"kind": "Service"}]}))
     with pytest.raises(ValueError, match="not Nodes or Pods"):
         load_snapshot(path)
+    # -o json (read with orjson), and several YAML documents
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes()}))
+    assert [i["metadata"]["name"] for i in load_snapshot(path)] == [n["metadata"]["name"] for n in nodes()]
+    path.write_text(yaml.safe_dump_all(nodes()[:2]))
+    assert len(load_snapshot(path)) == 2
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="document 1 is a list"):
+        load_snapshot(path)
+    path.write_text("kind: [unclosed")
+    with pytest.raises(ValueError, match="cannot read snapshot"):
+        load_snapshot(path)
 
 
 def test_a_valid_pod_gpuaas_cannot_place_gets_an_error_the_scheduler_shows():
