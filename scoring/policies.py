@@ -378,7 +378,7 @@ class GpuaasPolicy(FgdPolicy):
         rows = np.flatnonzero(mask)  # tie-breakers only where the pod fits: the rest is never chosen
         if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
             s[rows] += self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus, rows)
-        gpu_used = 1.0 - sum_per_row(state.gpu_left[rows]) / (np.maximum(state.gpu_count[rows], 1) * MILLI)
+        gpu_used = 1.0 - sum_per_row(state.gpu_left)[rows] / (np.maximum(state.gpu_count[rows], 1) * MILLI)
         cpu_used = 1.0 - state.cpu_left[rows] / np.maximum(state.cpu_cap[rows], 1)
         s[rows] += self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
         return s
@@ -464,15 +464,15 @@ def scarcity_weighted(state: ClusterState, workload: Workload, exponent: float) 
 
 def fits_in_one_block(state: ClusterState, k: int, rows: np.ndarray | None = None) -> np.ndarray:
     """float[len(rows)] (float[N] without rows): 1 where some NVLink/NUMA block on the node has k fully free GPUs."""
-    sel = slice(None) if rows is None else rows
-    free = state.gpu_left[sel] == MILLI
-    block = state.block[sel]
+    # Over every node, then gathered: whole-array work beats copying [rows, G] slices of two arrays.
+    free = state.gpu_left == MILLI
+    block = state.block
     # The ids present, by counting rather than sorting (np.unique over every GPU of the cluster cost 0.5 ms).
     ids = np.flatnonzero(np.bincount(block.ravel())) if block.size and block.min() >= 0 else np.unique(block)
     best = np.zeros(len(block), dtype=np.int64)
     for b in ids:
         np.maximum(best, count_per_row(free & (block == b)), out=best)
-    return (best >= k).astype(float)
+    return (best >= k).astype(float) if rows is None else (best[rows] >= k).astype(float)
 
 
 def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...] | None:

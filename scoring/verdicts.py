@@ -76,7 +76,7 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
         elif pod.is_share:
             mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
         else:
-            whole_free = count_per_row(state.gpu_left[rows] == MILLI)
+            whole_free = count_per_row(state.gpu_left == MILLI)[rows]  # per node, then gathered: no [rows, G] copy
             for n in _present(whole_free[~fits]):
                 mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
     return code, messages, resolvable
