@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from functools import lru_cache
+from itertools import combinations
 from typing import Protocol
 
 import numpy as np
@@ -479,20 +481,24 @@ def topology_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...] | N
     """k free GPUs spanning the fewest blocks; among those, the set that leaves the most blocks entirely free, then
     the most free GPUs in the emptiest remaining block (keeps big aligned sets for later), then lowest indices. None
     when the node has fewer than k free GPUs."""
-    from itertools import combinations
+    free = tuple(np.flatnonzero(state.gpu_left[node] == MILLI).tolist())
+    return _topology_choice(free, tuple(state.block[node, :int(state.gpu_count[node])].tolist()), k)
 
-    free = [int(g) for g in np.flatnonzero(state.gpu_left[node] == MILLI)]
-    blk = state.block[node]
-    size = Counter(int(blk[g]) for g in range(int(state.gpu_count[node])))
+
+@lru_cache(maxsize=8192)
+def _topology_choice(free: tuple[int, ...], blocks: tuple[int, ...], k: int) -> tuple[int, ...] | None:
+    # A pure function of (free GPUs, block per GPU, k), and few such keys exist: remembered, since trying every
+    # k-subset costs up to 0.3 ms (70 sets of 4 out of 8) and it runs for every multi-GPU placement.
+    size = Counter(blocks)
     best_key, best = None, None
     for combo in combinations(free, k):
-        rest = Counter(int(blk[g]) for g in free if g not in combo)
-        spanned = len({int(blk[g]) for g in combo})
+        rest = Counter(blocks[g] for g in free if g not in combo)
+        spanned = len({blocks[g] for g in combo})
         whole_free = sum(1 for b, n in rest.items() if n == size[b])
         key = (spanned, -whole_free, -max(rest.values(), default=0), combo)
         if best_key is None or key < best_key:
             best_key, best = key, combo
-    return None if best is None else tuple(best)
+    return best
 
 
 POLICIES[GpuaasPolicy.name] = GpuaasPolicy
