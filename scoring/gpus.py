@@ -270,16 +270,24 @@ def _describe(counts: Mapping[str, int]) -> str:
     return "{" + ", ".join(f"{n}: {c}" for n, c in counts.items() if c) + "}"
 
 
-def _best_placement(model: GpuModel, profiles: list[MigProfile]) -> list[MigPlacement] | None:
+def _best_placement(model: GpuModel, profiles: list[MigProfile]) -> tuple[MigPlacement, ...] | None:
+    return _best_placement_of(model, tuple(model.mig_profiles.values()), tuple(profiles))
+
+
+@functools.lru_cache(maxsize=4096)
+def _best_placement_of(model: GpuModel, all_profiles: tuple[MigProfile, ...],
+                       profiles: tuple[MigProfile, ...]) -> tuple[MigPlacement, ...] | None:
+    # Pure in its arguments (the model's profiles are part of the key: GpuModel's own hash leaves them out), and a
+    # fleet repeats a handful of layouts on thousands of GPUs: a 5,000-node model rebuild spent 0.6 s here.
     tables = mig_tables(model)
     # Room left: free memory slices still reachable by each profile, weighted by its size, summed over profiles.
     weights = np.array([p.memory_slices for p in model.mig_profiles.values()], dtype=np.int32)
     best: tuple[int, list[MigPlacement]] | None = None
-    for placed, mask in _placements(profiles, 0, -1):
+    for placed, mask in _placements(list(profiles), 0, -1):
         room = int((tables.capacity[mask].astype(np.int32) * weights).sum())
         if best is None or room > best[0]:
             best = (room, placed)
-    return None if best is None else best[1]
+    return None if best is None else tuple(best[1])
 
 
 def _placements(profiles: list[MigProfile], mask: int, min_start: int):

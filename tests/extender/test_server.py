@@ -257,3 +257,29 @@ def test_a_valid_pod_gpuaas_cannot_place_gets_an_error_the_scheduler_shows():
 
     status, body = run(go())
     assert status == 200 and "asks for more than one kind of GPU" in body["Error"]
+
+
+def test_a_serving_process_builds_the_model_and_freezes_the_heap_once_synced():
+    import gc
+
+    from extender.server import SERVICE, warm_up_once_synced
+
+    app = snapshot_app(ExtenderConfig(), nodes())
+    warm_up_once_synced(app)
+    view = app[SERVICE].view
+    assert view.state is None  # built lazily, by the first request, without the warm-up
+
+    async def go():
+        async with TestClient(TestServer(app)):
+            for _ in range(100):
+                if view.state is not None:
+                    return gc.get_freeze_count()
+                await asyncio.sleep(0.02)
+            return None
+
+    try:
+        frozen = run(go())
+    finally:
+        gc.unfreeze()  # a test process builds many apps: give their objects back to the collector
+    assert view.state is not None and len(view.state) == len(nodes())
+    assert frozen and frozen > 0
