@@ -27,8 +27,8 @@ class ApiBinder:
             if resp.status >= 300:
                 detail = (await resp.json(content_type=None) or {}).get("message", resp.reason)
                 raise BindError(f"binding {namespace}/{name} to {node}: HTTP {resp.status}: {detail}")
-            # Read the (small) Status reply: aiohttp closes a connection whose body was left unread, and every
-            # Binding then paid a new TCP and TLS handshake, on the extender and on the apiserver.
+            # Read the (small) Status reply to the end: aiohttp closes a connection whose body it has not fully
+            # received, and a reply split across reads would then cost the next Binding a new TCP and TLS handshake.
             await resp.read()
 
 

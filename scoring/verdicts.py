@@ -29,7 +29,7 @@ class FilterVerdict:
 def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
     """Model row per name, -1 for names the model does not know."""
     if len(names) > 1:
-        try:  # every name known, the usual case: one C-level lookup of all names (0.17 ms for 5,000, not 0.25)
+        try:  # every name known, the usual case: one C-level lookup of all names, no Python call per name
             return np.fromiter(itemgetter(*names)(state.index), dtype=np.int64, count=len(names))
         except KeyError:
             pass
