@@ -65,33 +65,48 @@ class HostPriority(_Wire):
 
 class HostPriorityEncoder:
     """Writes the prioritize reply, a JSON array of HostPriority, for thousands of candidates without a dict per
-    entry: every node's entry for every score, `{"Host":"NAME","Score":S}`, is encoded once per node set, and a reply
-    is a gather from that table and one join (0.13 ms for 5,000 candidates; 0.8 ms gluing name and score per reply)."""
+    entry. Every node's entry for every score, `{"Host":"NAME","Score":S},`, is encoded once per node set into a
+    fixed-width record padded with spaces (JSON allows whitespace between tokens): a reply is then one numpy gather
+    of records and one copy (0.04 ms for 3,500 candidates; 0.3 ms joining one bytes object per entry, measured inside
+    the server). Node sets with very uneven name lengths would pad every record to the longest: past
+    MAX_RECORD_BYTES the entries are joined one by one instead."""
 
+    MAX_RECORD_BYTES = 160
     _SUFFIX = np.array([f"{s}}}".encode() for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object)
 
     def __init__(self) -> None:
         self._row_names: list[str] | None = None
-        self._entries = np.empty(0, dtype=object)  # flat [row * 11 + score]
+        self._entries = np.empty(0, dtype=object)  # [row, score]: b'{"Host":"NAME","Score":S}'
+        self._records: np.ndarray | None = None  # [row, score]: the entry, spaces, "," (fixed width)
 
     @staticmethod
     def _head(name: str) -> bytes:
         return b'{"Host":' + orjson.dumps(name) + b',"Score":'
 
+    def _new_node_set(self, row_names: list[str]) -> None:
+        heads = np.array([self._head(n) for n in row_names], dtype=object)
+        self._entries = heads[:, None] + self._SUFFIX[None, :]
+        width = max((len(e) for e in self._entries.ravel()), default=0) + 1
+        self._records = None
+        if 0 < width <= self.MAX_RECORD_BYTES:
+            self._records = np.array([e.ljust(width - 1) + b"," for e in self._entries.ravel()],
+                                     dtype=f"S{width}").reshape(self._entries.shape)
+        self._row_names = row_names
+
     def encode(self, names: list[str], rows: np.ndarray, scores: np.ndarray, row_names: list[str]) -> bytes:
         """`scores[i]` (0..10) for `names[i]`, whose model row is `rows[i]` (-1: unknown) in `row_names`."""
         if row_names is not self._row_names:  # a new node set: the model was rebuilt
-            heads = np.array([self._head(n) for n in row_names], dtype=object)
-            self._entries = (heads[:, None] + self._SUFFIX[None, :]).ravel()
-            self._row_names = row_names
+            self._new_node_set(row_names)
         if len(scores) and (scores.min() < 0 or scores.max() > MAX_EXTENDER_PRIORITY):
             raise ValueError(f"scores must be within 0..{MAX_EXTENDER_PRIORITY}")
-        width = MAX_EXTENDER_PRIORITY + 1
+        if not len(scores):
+            return b"[]"
         unknown = rows < 0
-        entries = self._entries[np.where(unknown, 0, rows) * width + scores].tolist()
-        if unknown.any():  # names gpuaas does not know (few): encode them here
-            for i in np.flatnonzero(unknown).tolist():
-                entries[i] = self._head(names[i]) + self._SUFFIX[scores[i]]
+        if self._records is not None and not unknown.any():
+            return b"[" + self._records[rows, scores].tobytes()[:-1] + b"]"  # [:-1]: the last record's ","
+        entries = self._entries[np.where(unknown, 0, rows), scores].tolist()
+        for i in np.flatnonzero(unknown).tolist():  # names gpuaas does not know (few): encoded here
+            entries[i] = self._head(names[i]) + self._SUFFIX[scores[i]]
         return b"[" + b",".join(entries) + b"]"
 
 

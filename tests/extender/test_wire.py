@@ -28,3 +28,17 @@ def test_empty_list_and_out_of_range_scores():
     assert enc.encode([], np.array([], dtype=np.int64), np.array([], dtype=np.int64), ["x"]) == b"[]"
     with pytest.raises(ValueError, match="0..10"):
         enc.encode(["x"], np.array([0]), np.array([11]), ["x"])
+
+
+def test_fixed_width_records_and_the_joined_fallback_give_the_same_list():
+    model = ["a", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "c\"q"]
+    rows, scores = np.array([1, 0, 2, 0]), np.array([10, 0, 7, 3])
+    names = [model[r] for r in rows]
+    padded = HostPriorityEncoder()
+    body = padded.encode(names, rows, scores, model)
+    assert padded._records is not None and b"  " in body  # records padded to the longest entry
+    joined = HostPriorityEncoder()
+    joined.MAX_RECORD_BYTES = 10  # every record longer: entries joined one by one
+    plain = joined.encode(names, rows, scores, model)
+    assert joined._records is None and b"  " not in plain
+    assert decoded(body) == decoded(plain) == list(zip(names, scores.tolist()))
