@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,7 +13,29 @@ import time
 from pathlib import Path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
+    """A port to listen on later, below the kernel's ephemeral range. A port the kernel hands out for `bind(0)` is
+    one it also gives to outgoing connections, and the harness opens thousands of those (components talking to the
+    apiserver): between choosing a port and the component binding it, one of them took it ("address already in
+    use" for the demo's extender once). Ports below the range are only ever taken by listeners."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(50):
+        port = rng.randrange(20000, low) if low > 21000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
