@@ -237,7 +237,10 @@ def warm_up_once_synced(app: web.Application) -> None:
         async def when_synced() -> None:
             while not app[READY]():
                 await asyncio.sleep(0.5)
-            app[SERVICE].view.snapshot()
+            try:
+                app[SERVICE].view.snapshot()
+            except Exception:  # the first request builds it again and answers with the error
+                log.exception("building the model after cache sync failed")
             gc.collect()
             gc.freeze()
             log.info("model built and heap frozen after cache sync", extra={"objects": gc.get_freeze_count()})
