@@ -7,6 +7,7 @@ import json
 import random
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,13 @@ def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
             scaler.start(timeout=60)
         assert len(deletions.drains) >= 20, f"only {len(deletions.drains)} drains started"
         # Let the last incarnation finish what is open.
-        wait_for(lambda: not deletions.open_drains(), timeout=120, interval=0.5, what="every drain finished")
+        try:
+            wait_for(lambda: not deletions.open_drains(), timeout=120, interval=0.5, what="every drain finished")
+        except AssertionError as err:  # say what was stuck: this has failed once in a full run, never alone
+            phases = Counter(p.status.phase for p in pods_in(api, ns, "app=w"))
+            tail = "\n".join(scaler.log.read_text(errors="replace").splitlines()[-60:])
+            raise AssertionError(f"{err}\nopen drains: {deletions.open_drains()}\nw pods by phase: {dict(phases)}\n"
+                                 f"nodescaler log (last 60 lines):\n{tail}") from None
         wait_for(lambda: running(api, ns, "app=w") == 28, timeout=60, what="28 w pods Running again")
     finally:
         scaler.stop()
