@@ -252,6 +252,7 @@ def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
             phases = Counter(p.status.phase for p in pods_in(api, ns, "app=w"))
             tail = "\n".join(scaler.log.read_text(errors="replace").splitlines()[-60:])
             raise AssertionError(f"{err}\nopen drains: {deletions.open_drains()}\nw pods by phase: {dict(phases)}\n"
+                                 f"node watch errors: {deletions.errors}\n"
                                  f"nodescaler log (last 60 lines):\n{tail}") from None
         wait_for(lambda: running(api, ns, "app=w") == 28, timeout=60, what="28 w pods Running again")
     finally:
