@@ -67,8 +67,8 @@ class HostPriorityEncoder:
     """Writes the prioritize reply, a JSON array of HostPriority, for thousands of candidates without a dict per
     entry. Every node's entry for every score, `{"Host":"NAME","Score":S},`, is encoded once per node set into a
     fixed-width record padded with spaces (JSON allows whitespace between tokens): a reply is then one numpy gather
-    of records and one copy (0.04 ms for 3,500 candidates; 0.3 ms joining one bytes object per entry, measured inside
-    the server). Node sets with very uneven name lengths would pad every record to the longest: past
+    of records and one copy (0.16 ms for 3,500 candidates inside the server, against 0.3 ms joining one bytes
+    object per entry). Node sets with very uneven name lengths would pad every record to the longest: past
     MAX_RECORD_BYTES the entries are joined one by one instead."""
 
     MAX_RECORD_BYTES = 160
