@@ -4,7 +4,8 @@ Both runs, in one invocation: a fresh cluster of N 8-GPU nodes; kube-scheduler i
 GPUs) are created, the scheduler is started and the clock runs until every pod is bound. Pods per second = P / that
 time. Run A: the default scheduler. Run B: the same scheduler calling the extender (filter, prioritize, bind) with the
 gpuaas profile. Run C: the default scheduler at the gpuaas profile's percentageOfNodesToScore, without the extender
-(`ratio` is B/A, `ratio_to_same_sampling` B/C). Prints JSON. Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000]
+(`ratio` is B/A, `ratio_to_same_sampling` B/C). Prints JSON.
+Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000]
 """
 from __future__ import annotations
 

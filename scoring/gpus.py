@@ -281,7 +281,7 @@ def _best_placement_of(model: GpuModel, all_profiles: tuple[MigProfile, ...],
     # fleet repeats a handful of layouts on thousands of GPUs (the 5,000-node benchmark model: 0.42 -> 0.20-0.31 s).
     tables = mig_tables(model)
     # Room left: free memory slices still reachable by each profile, weighted by its size, summed over profiles.
-    weights = np.array([p.memory_slices for p in model.mig_profiles.values()], dtype=np.int32)
+    weights = np.array([p.memory_slices for p in all_profiles], dtype=np.int32)
     best: tuple[int, list[MigPlacement]] | None = None
     for placed, mask in _placements(list(profiles), 0, -1):
         room = int((tables.capacity[mask].astype(np.int32) * weights).sum())

@@ -361,7 +361,7 @@ class GpuaasPolicy(FgdPolicy):
         out = np.zeros(np.shape(idle))
         for rate, left in ((self.cpu_per_gpu_milli, cpu_left), (self.memory_per_gpu_milli, mem_left)):
             if rate > 0 and left is not None:
-                out += np.minimum(idle, np.maximum(0.0, idle * rate - left) / rate)
+                out += unfed(idle, rate, left)
         return out
 
     def _adjust(self, state, pod, rows):
@@ -416,11 +416,7 @@ class GpuaasPolicy(FgdPolicy):
         c = self.cpu_per_gpu_milli * MILLI / 7.0  # CPU per compute slice
         after = free_slices - slices[col]
         cpu = state.cpu_left[rows].astype(float)
-
-        def stranded(free, cpu_left):
-            return np.minimum(free, np.maximum(0.0, free * c - cpu_left) / c) if c > 0 else np.zeros_like(free)
-
-        relief = stranded(free_slices, cpu) - stranded(after, cpu - pod.cpu_milli)
+        relief = (unfed(free_slices, c, cpu) - unfed(after, c, cpu - pod.cpu_milli)) if c > 0 else np.zeros(rows.size)
         partly_used = state.mig_mask[rows] > 0
         on_partial = any_per_row((mig_free[:, :, col] > 0) & partly_used)
         node_used = any_per_row(partly_used)
@@ -447,6 +443,11 @@ class GpuaasPolicy(FgdPolicy):
         value = (fx.frag[rows] - fx.frag_after_share(rows, gpus, pod)
                  - self.REGRET_WEIGHT * self.share_values.regret(left, pod.gpu_milli))
         return int(gpus[np.lexsort((gpus, left, -value))[0]])
+
+
+def unfed(idle: np.ndarray, rate: float, left: np.ndarray) -> np.ndarray:
+    """How much of `idle` a node cannot feed when each unit needs `rate` of a resource it has `left` of (rate > 0)."""
+    return np.minimum(idle, np.maximum(0.0, idle * rate - left) / rate)
 
 
 def scarcity_weighted(state: ClusterState, workload: Workload, exponent: float) -> Workload:

@@ -102,7 +102,7 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     verdict.feasible_rows = rows[ok]
     # Thousands of rejected nodes share a few messages: one C-level gather of names and one dict.fromkeys per
     # message, not a Python step per name.
-    for c in np.flatnonzero(np.bincount(code[code > 0])).tolist():
+    for c in _present(code[code > 0]):
         reasons = verdict.unresolvable if c < resolvable else verdict.failed
         reasons.update(dict.fromkeys(_names_at(names, np.flatnonzero(code == c)), messages[c]))
     for name in _names_at(names, np.flatnonzero(~known)):  # names the model does not know (few)

@@ -27,16 +27,17 @@ def free_port() -> int:
     apiserver): between choosing a port and the component binding it, one of them took it ("address already in
     use" for the demo's extender once). Ports below the range are only ever taken by listeners."""
     low, _ = _ephemeral_range()
-    rng = random.SystemRandom()
-    for _ in range(50):
-        port = rng.randrange(20000, low) if low > 21000 else 0
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    with socket.socket() as s:
+    if low > 21000:
+        rng = random.SystemRandom()
+        for _ in range(50):
+            port = rng.randrange(20000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # no room below the range, or all tries taken: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

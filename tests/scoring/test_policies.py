@@ -260,10 +260,8 @@ def test_gpuaas_memory_look_ahead():
     # Workload: 1-GPU pods, 10000m CPU and 20 GiB each -> 10 CPU-milli and 20.48 MiB per GPU-milli.
     # Node: 2 idle GPUs, plenty of CPU, 30720 MiB free: feeding 2000 needs 40960 -> 10240 MiB short -> 500 stranded.
     # A CPU-only pod taking 10240 MiB: 20480 left -> 1000 stranded -> the score's relief is -500.
-    from scoring.fragmentation import Workload as W
-
     s = ClusterState([NodeSpec("n", 64_000, 30_720, 2, "T4")])
-    wl = W.typical([PodDemand(cpu_milli=10_000, memory_mib=20_480, gpus=1, gpu_milli=1000)])
+    wl = Workload.typical([PodDemand(cpu_milli=10_000, memory_mib=20_480, gpus=1, gpu_milli=1000)])
     assert wl.memory_per_gpu_milli == pytest.approx(20.48)
     policy = GpuaasPolicy(s, wl)
     pod = PodDemand(cpu_milli=1000, memory_mib=10_240)
