@@ -215,7 +215,7 @@ class MetricRule(Strict):
 
 
 class AuthorizationConfig(Strict):
-    """Delegated authorization of the user behind each request (autoscaler/authz.py); the defaults are those of
+    """Delegated authorization of the user behind each request (gpuaas/authz.py); the defaults are those of
     k8s.io/apiserver's delegating authorizer (answers cached 10 s, system:masters never asked about)."""
     enabled: bool = Field(True, description="ask kube-apiserver (SubjectAccessReview) whether the user may read the "
                           "metric; off: any user the aggregator lets through may")

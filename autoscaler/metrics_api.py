@@ -7,7 +7,7 @@
 It does not serve `external.metrics.k8s.io` (KEDA owns that group in many clusters). It runs over HTTPS and only answers
 API paths to a client certificate signed by the front-proxy CA whose common name is allowed (the aggregator's), the
 way an aggregated API server authenticates kube-apiserver; /healthz, /livez and /readyz are open. Then, with an
-`Authorizer` (autoscaler/authz.py), it asks kube-apiserver whether the user the aggregator names in X-Remote-User may
+`Authorizer` (gpuaas/authz.py), it asks kube-apiserver whether the user the aggregator names in X-Remote-User may
 make the request (a SubjectAccessReview, cached briefly): 403 naming the user and the permission if not.
 
 The handlers are thin: parse the path, call the pure builders (`resource_list`, `metric_value_list`) over the answers of

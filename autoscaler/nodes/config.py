@@ -100,7 +100,7 @@ class NodeGroupConfig(_Strict):
 
     def template_constraints(self) -> tuple[dict[str, str], tuple]:
         """(labels, taints) of a node of this group, for the pods' nodeSelector, affinity and tolerations."""
-        from .constraints import node_taints
+        from scoring.constraints import node_taints
 
         node = self.template_node()
         return node["metadata"]["labels"], node_taints(node)

@@ -26,7 +26,7 @@ from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
 from scoring.policies import feasible, make_policy, select_node
 
 from .config import NodeGroupConfig, NodeScalerConfig
-from .constraints import Placement, allows
+from scoring.constraints import Placement, allows
 from .snapshot import NodeInfo, PodInfo, Snapshot
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoring.clusterview import ClusterView
-from .constraints import Placement, Taint, node_taints
+from scoring.constraints import Placement, Taint, node_taints
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
 from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, POOL_LABEL, PRODUCT_LABEL, ObjectError,
                                  parse_quantity, pod_demand, pod_key, requests_gpu)

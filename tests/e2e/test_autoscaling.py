@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from autoscaler.authz import Authorizer, KubeAccessReviewer
+from gpuaas.authz import Authorizer, KubeAccessReviewer
 from autoscaler.config import AutoscalerConfig, ConfigError, MetricsApiConfig, parse
 from autoscaler.controller import CONDITIONS_ANNOTATION, Controller, KubeTargets
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
-from autoscaler.authz import Authorizer, KubeAccessReviewer
+from gpuaas.authz import Authorizer, KubeAccessReviewer
 from autoscaler.config import MetricsApiConfig, parse
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
 from autoscaler.prom import Prometheus

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.nodes.constraints import Placement, allows
+from scoring.constraints import Placement, allows
 from autoscaler.nodes.scaleout import plan_scale_out
 from autoscaler.nodes.snapshot import build_snapshot
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from autoscaler.authz import (Attributes, Authorizer, Decision, ReviewFailed, User, access_review,
+from gpuaas.authz import (Attributes, Authorizer, Decision, ReviewFailed, User, access_review,
                               decision_from_review, forbidden_message, request_attributes, user_from_headers)
 
 CM = "custom.metrics.k8s.io"
