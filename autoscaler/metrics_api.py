@@ -27,7 +27,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from .authz import USER_HEADER, Authorizer, ReviewFailed, forbidden_message, request_attributes, user_from_headers
+from gpuaas.authz import USER_HEADER, Authorizer, ReviewFailed, forbidden_message, request_attributes, user_from_headers
 from .config import MetricsApiConfig, MetricRule
 from .prom import BadQuery, MetricsError, Prometheus, PrometheusUnavailable
 
