@@ -2,14 +2,28 @@
 
 It lists (recording the list's resourceVersion), then watches from there with bookmarks; on `410 Gone` or any broken
 watch it lists again, replacing its store, so it never misses a change for long. `synced` is set after the first
-complete list; readiness probes wait on it. Every change is also handed to `on_change(kind, old, new)`.
+complete list. Every change is also handed to `on_change(kind, old, new)`.
+
+Watch events are newline-delimited JSON, one object per line. The body is read in chunks and split here, with a
+bound of `MAX_EVENT_BYTES` (16 MiB) per line: aiohttp's own line reader stops at 512 KiB, which made every update of a
+big object (a pod with a 1 MiB annotation) break the watch and relist. 16 MiB is well above what the apiserver
+stores: etcd refuses requests over 1.5 MiB by default (`--max-request-bytes`) and kube-apiserver refuses bodies over
+3 MiB, so an object's JSON in a watch event, a little larger than its stored protobuf, stays far below the bound.
+
+Readiness: `health(now, max_stale_s)` says whether the cache can be trusted. It is fresh while a watch is open, and
+for `max_stale_s` after the last sign of a working connection (a list that succeeded, a watch that opened, an event
+or bookmark that arrived); past that, with the watch broken and relists failing, it is stale and says since when and
+the last error. A connection that dies silently (no FIN, no RST) keeps the watch open until `resync_seconds`, when
+the informer relists; that bounds how long a dead peer can pass for a working one.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -22,6 +36,69 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 OnChange = Callable[[str, Obj | None, Obj | None], None]
 
+MAX_EVENT_BYTES = 16 * 1024 * 1024  # one watch event (one line); see the module docstring for why 16 MiB
+
+
+class EventTooLarge(ValueError):
+    """A watch event line longer than the bound: the watch ends and the informer relists."""
+
+
+async def split_lines(chunks: AsyncIterable[bytes], limit: int = MAX_EVENT_BYTES) -> AsyncIterator[bytes]:
+    """The lines of a byte stream (newline removed), however the chunks cut them; a last line without a newline too.
+    Holds at most `limit` bytes of an unfinished line; a longer line raises EventTooLarge. Each byte is searched for
+    a newline once, so a line in many chunks costs linear time."""
+    buf = bytearray()
+    async for chunk in chunks:
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            if len(buf) + nl - start > limit:
+                raise EventTooLarge(f"a watch event of more than {limit} bytes")
+            if buf:
+                buf += chunk[start:nl]
+                yield bytes(buf)
+                buf.clear()
+            else:
+                yield chunk[start:nl]
+            start = nl + 1
+        if len(buf) + len(chunk) - start > limit:
+            raise EventTooLarge(f"a watch event of more than {limit} bytes")
+        buf += chunk[start:]
+    if buf:
+        yield bytes(buf)
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether one informer's cache can be trusted now, and if not, why (for a /readyz body)."""
+    ok: bool
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """All of a process's informers: ready when each is healthy; `why` lists the ones that are not."""
+    ok: bool
+    why: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @property
+    def text(self) -> str:
+        return "ok" if self.ok else "not ready: " + "; ".join(self.why)
+
+
+def readiness(informers: Iterable["Informer"], now: float, max_stale_s: float) -> Readiness:
+    """Ready when there is at least one informer and every one is healthy at `now` (their clock's time)."""
+    informers = list(informers)
+    if not informers:
+        return Readiness(False, ("no informers started yet",))
+    why = tuple(h.why for h in (i.health(now, max_stale_s) for i in informers) if not h.ok)
+    return Readiness(not why, why)
+
 
 def object_key(obj: Obj) -> str:
     meta = obj["metadata"]
@@ -31,7 +108,8 @@ def object_key(obj: Obj) -> str:
 class Informer:
     def __init__(self, endpoint: ApiEndpoint, path: str, *, kind: str, on_change: OnChange | None = None,
                  field_selector: str | None = None, label_selector: str | None = None,
-                 resync_seconds: float = 300.0, page_size: int = 500):
+                 resync_seconds: float = 300.0, page_size: int = 500, max_event_bytes: int = MAX_EVENT_BYTES,
+                 clock: Callable[[], float] = time.monotonic):
         self.endpoint = endpoint
         self.path = path  # e.g. /api/v1/nodes, /api/v1/pods
         self.kind = kind
@@ -42,8 +120,32 @@ class Informer:
         self.store: dict[str, Obj] = {}
         self.resource_version = ""
         self.synced = asyncio.Event()
+        self.max_event_bytes = max_event_bytes
         self.relists = 0
         self.errors = 0
+        self.clock = clock  # time.monotonic unless a test injects one; `health(now)` takes its time
+        self.watching = False  # a watch stream is open now
+        self.last_contact: float | None = None  # clock time of the last list, watch start, event or bookmark
+        self.last_error = ""  # the last failure of a list or watch, and its clock time
+        self.last_error_at: float | None = None
+
+    def health(self, now: float, max_stale_s: float) -> Health:
+        """Healthy once synced, while a watch is open, or within `max_stale_s` of the last contact; otherwise
+        stale, saying for how long and the last error. Pure: reads this informer's state at `now`."""
+        name = f"informer {self.kind} ({self.path})"
+        detail = f"; last error {now - self.last_error_at:.0f}s ago: {self.last_error}" \
+            if self.last_error and self.last_error_at is not None else ""
+        if not self.synced.is_set():
+            return Health(False, f"{name}: not synced yet{detail}")
+        if self.watching:
+            return Health(True)
+        since = self.last_contact if self.last_contact is not None else now
+        if now - since <= max_stale_s:
+            return Health(True)
+        return Health(False, f"{name}: no working watch for {now - since:.0f}s (more than {max_stale_s:g}s){detail}")
+
+    def _contact(self) -> None:
+        self.last_contact = self.clock()
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """List and watch until cancelled."""
@@ -59,6 +161,8 @@ class Informer:
                 raise
             except Exception as err:  # network trouble, apiserver restart: back off and relist
                 self.errors += 1
+                self.last_error = f"{type(err).__name__}: {err}"
+                self.last_error_at = self.clock()
                 log.warning("informer %s: %s; relisting in %.1fs", self.path, err, backoff)
                 await asyncio.sleep(backoff * (1 + random.random() / 2))
                 backoff = min(backoff * 2, 30.0)
@@ -89,6 +193,7 @@ class Informer:
         old = self.store
         self.store = items
         self.relists += 1
+        self._contact()
         if self.on_change:
             for key, obj in items.items():
                 prev = old.get(key)
@@ -104,25 +209,35 @@ class Informer:
         async with session.get(self.path, params=params, timeout=aiohttp.ClientTimeout(total=None,
                                                                                       sock_read=None)) as resp:
             resp.raise_for_status()
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = orjson.loads(line)
-                kind, obj = event["type"], event["object"]
-                if kind == "ERROR":
-                    if obj.get("code") == 410:  # resourceVersion too old: start over from a list
-                        return
-                    raise RuntimeError(f"watch error: {obj.get('message')}")
-                self.resource_version = obj["metadata"]["resourceVersion"]
-                if kind == "BOOKMARK":
-                    continue
-                key = object_key(obj)
-                prev = self.store.get(key)
-                if kind == "DELETED":
-                    self.store.pop(key, None)
-                    new = None
-                else:
-                    self.store[key] = obj
-                    new = obj
-                if self.on_change:
-                    self._notify(prev, new)
+            self._contact()
+            self.watching = True
+            try:
+                await self._events(split_lines(resp.content.iter_any(), self.max_event_bytes))
+            finally:
+                self.watching = False
+                self._contact()  # the stream worked until now; staleness counts from its end
+
+    async def _events(self, lines: AsyncIterable[bytes]) -> None:
+        async for line in lines:
+            if not line.strip():
+                continue
+            self._contact()
+            event = orjson.loads(line)
+            kind, obj = event["type"], event["object"]
+            if kind == "ERROR":
+                if obj.get("code") == 410:  # resourceVersion too old: start over from a list
+                    return
+                raise RuntimeError(f"watch error: {obj.get('message')}")
+            self.resource_version = obj["metadata"]["resourceVersion"]
+            if kind == "BOOKMARK":
+                continue
+            key = object_key(obj)
+            prev = self.store.get(key)
+            if kind == "DELETED":
+                self.store.pop(key, None)
+                new = None
+            else:
+                self.store[key] = obj
+                new = obj
+            if self.on_change:
+                self._notify(prev, new)

@@ -1,0 +1,235 @@
+"""The informer against a fake apiserver served in-process (aiohttp), and its line splitter and health on their own.
+
+The fake serves one list and one watch of pods; the watch sends what a test gives it, cut into small writes so that a
+line crosses many chunks, and then stays open until the test ends (as a quiet watch does)."""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuaas.informer import EventTooLarge, Health, Informer, readiness, split_lines
+from gpuaas.kubeclient import ApiEndpoint
+
+MiB = 1024 * 1024
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def pod(name: str, rv: str, annotations: dict[str, str] | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml", "resourceVersion": rv, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "c"}]}}
+
+
+class FakeApiserver:
+    """GET /api/v1/pods: a list (each list sets `relisted` after the first), or with ?watch=1 a stream of `events`
+    written `write_bytes` at a time, then held open until `close` is set."""
+
+    def __init__(self, items: list[dict], events: list[dict], *, write_bytes: int = 64 * 1024):
+        self.items, self.events, self.write_bytes = items, events, write_bytes
+        self.lists = 0
+        self.relisted = asyncio.Event()
+        self.close = asyncio.Event()
+
+    async def pods(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "1":
+            self.lists += 1
+            if self.lists > 1:
+                self.relisted.set()
+            return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": self.items})
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        body = b"".join(orjson.dumps(e) + b"\n" for e in self.events)
+        for at in range(0, len(body), self.write_bytes):
+            await resp.write(body[at:at + self.write_bytes])
+        await self.close.wait()
+        return resp
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", self.pods)
+        return app
+
+
+async def informed(fake: FakeApiserver, done, **kwargs) -> Informer:
+    """Run an informer against `fake` until `done(informer)` (a coroutine) returns or the fake relists; the informer."""
+    async with TestServer(fake.app()) as server:
+        endpoint = ApiEndpoint(server=str(server.make_url("")).rstrip("/"), ssl_context=False, headers={})
+        inf = Informer(endpoint, "/api/v1/pods", kind="Pod", **kwargs)
+        async with endpoint.session() as session:
+            task = asyncio.create_task(inf.run(session))
+            relisted = asyncio.create_task(fake.relisted.wait())
+            finished = asyncio.create_task(done(inf))
+            await asyncio.wait([finished, relisted], return_when=asyncio.FIRST_COMPLETED)
+            fake.close.set()
+            for t in (task, relisted, finished):
+                t.cancel()
+            await asyncio.gather(task, relisted, finished, return_exceptions=True)
+        return inf
+
+
+def test_a_pod_update_with_a_1_mib_annotation_reaches_the_model_without_a_relist():
+    # aiohttp's line reader stopped at 512 KiB ("Line is too long"): the watch broke and the informer relisted, and
+    # the update never arrived. 1 MiB of annotation, sent in 64 KiB writes, must arrive as one MODIFIED event.
+    big = "x" * MiB
+    fake = FakeApiserver([pod("p", "1")], [{"type": "MODIFIED", "object": pod("p", "2", {"big": big})}])
+    seen: list[tuple[dict | None, dict | None]] = []
+    arrived = asyncio.Event()
+
+    def on_change(kind, old, new):
+        seen.append((old, new))
+        if new and new["metadata"]["resourceVersion"] == "2":
+            arrived.set()
+
+    async def go():
+        async def done(_inf):
+            await arrived.wait()
+        return await informed(fake, done, on_change=on_change)
+
+    inf = run(go())
+    assert arrived.is_set(), f"the update never arrived: {inf.relists} lists, {inf.errors} errors"
+    assert (inf.relists, inf.errors, fake.lists) == (1, 0, 1)
+    assert inf.store["ml/p"]["metadata"]["annotations"]["big"] == big
+    assert [(o and o["metadata"]["resourceVersion"], n["metadata"]["resourceVersion"]) for o, n in seen] == \
+        [(None, "1"), ("1", "2")]  # the list's add, then the watch's update with the old object
+
+
+def test_an_event_over_the_bound_ends_the_watch_with_an_error_that_names_it_and_relists():
+    fake = FakeApiserver([pod("p", "1")], [{"type": "MODIFIED", "object": pod("p", "2", {"big": "x" * 4096})}],
+                         write_bytes=1000)
+
+    async def go():
+        async def done(_inf):
+            await asyncio.Event().wait()  # only the relist ends it
+        return await informed(fake, done, max_event_bytes=2048)
+
+    inf = run(go())
+    assert fake.relisted.is_set() and inf.errors == 1
+    assert inf.last_error == "EventTooLarge: a watch event of more than 2048 bytes"
+
+
+# ---- split_lines ----------------------------------------------------------------------------------------------------
+
+async def _chunks(parts):
+    for p in parts:
+        yield p
+
+
+async def _split(parts, limit=1 << 20):
+    return [line async for line in split_lines(_chunks(parts), limit)]
+
+
+@pytest.mark.parametrize("parts, lines", [
+    pytest.param([b"a\nb\n"], [b"a", b"b"], id="whole lines in one chunk"),
+    pytest.param([b"ab", b"c\nd", b"e\n"], [b"abc", b"de"], id="lines across chunks"),
+    pytest.param([b"a\n", b"", b"\nb"], [b"a", b"", b"b"], id="empty chunk, empty line, last line without newline"),
+    pytest.param([b"\n", b"\n"], [b"", b""], id="newlines only"),
+    pytest.param([], [], id="nothing"),
+])
+def test_split_lines(parts, lines):
+    assert run(_split(parts)) == lines
+
+
+@pytest.mark.parametrize("parts", [
+    pytest.param([b"12345\n"], id="a complete line over the bound"),
+    pytest.param([b"123", b"45"], id="an unfinished line over the bound"),
+    pytest.param([b"ok\n123", b"456", b"\n"], id="over the bound across chunks"),
+])
+def test_split_lines_refuses_a_line_over_the_bound(parts):
+    with pytest.raises(EventTooLarge):
+        run(_split(parts, limit=4))
+
+
+def test_split_lines_accepts_a_line_exactly_at_the_bound():
+    assert run(_split([b"12", b"34\n", b"1234"], limit=4)) == [b"1234", b"1234"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=8),
+       cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10))
+def test_split_lines_does_not_depend_on_how_the_stream_is_cut(lines, cuts):
+    body = b"".join(line + b"\n" for line in lines)
+    points = sorted({min(c, len(body)) for c in cuts})
+    parts = [body[a:b] for a, b in zip([0, *points], [*points, len(body)])]
+    assert run(_split(parts)) == lines
+
+
+# ---- health and readiness, on an injected clock -------------------------------------------------------------------
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _informer(clock: Clock) -> Informer:
+    return Informer(ApiEndpoint("http://unused", False, {}), "/api/v1/nodes", kind="Node", clock=clock)
+
+
+def test_health_is_withdrawn_after_max_stale_without_a_working_watch_and_says_why():
+    clock = Clock()
+    inf = _informer(clock)
+    assert not inf.health(clock(), 60) and "not synced yet" in inf.health(clock(), 60).why
+    inf.synced.set()
+    inf._contact()                      # t=1000: a list succeeded
+    inf.watching = True                 # then a watch opened...
+    clock.t += 3600                     # ...and stays open for an hour with nothing to say: healthy
+    assert inf.health(clock(), 60)
+    inf.watching = False                # t=4600: the watch broke
+    inf._contact()
+    inf.last_error, inf.last_error_at = "ClientConnectorError: connection refused", clock.t
+    clock.t += 60                       # 60 s without a watch: at the bound, still healthy
+    assert inf.health(clock(), 60)
+    clock.t += 1                        # 61 s: stale
+    health = inf.health(clock(), 60)
+    assert not health
+    assert health.why == ("informer Node (/api/v1/nodes): no working watch for 61s (more than 60s); "
+                          "last error 61s ago: ClientConnectorError: connection refused")
+    inf._contact()                      # a list succeeded again: healthy at once
+    assert inf.health(clock(), 60)
+
+
+def test_readiness_needs_every_informer_healthy_and_names_those_that_are_not():
+    clock = Clock()
+    nodes, pods = _informer(clock), _informer(clock)
+    pods.kind, pods.path = "Pod", "/api/v1/pods"
+    assert not readiness([], clock(), 60)
+    for inf in (nodes, pods):
+        inf.synced.set()
+        inf._contact()
+    assert readiness([nodes, pods], clock(), 60).text == "ok"
+    nodes.watching = True
+    clock.t += 120
+    ready = readiness([nodes, pods], clock(), 60)
+    assert not ready and ready.text == "not ready: informer Pod (/api/v1/pods): no working watch for 120s " \
+                                       "(more than 60s)"
+
+
+def test_the_informer_is_healthy_while_a_real_watch_is_open_and_counts_events_as_contact():
+    clock = Clock()
+    fake = FakeApiserver([pod("p", "1")], [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "5"}}}])
+
+    healths = []
+
+    async def go():
+        async def done(inf):
+            while inf.resource_version != "5":  # the bookmark arrived
+                await asyncio.sleep(0.01)
+            healths.append(inf.health(clock(), 60))
+            clock.t += 1e6  # long after it, the watch still open
+            healths.append(inf.health(clock(), 60))
+        return await informed(fake, done, clock=clock)
+
+    inf = run(go())
+    assert healths == [Health(True), Health(True)]
+    assert inf.relists == 1 and not inf.watching and inf.last_contact == clock.t  # contact at the watch's end
