@@ -35,6 +35,9 @@ class ExtenderConfig(BaseModel):
     read_timeout_seconds: float = Field(default=5.0, gt=0, description="a request body slower than this gets 408")
     resync_seconds: float = Field(default=300.0, gt=0, description="list nodes and pods again this often, besides "
                                   "watching them")
+    max_watch_stale_seconds: float = Field(default=60.0, gt=0, description="/readyz fails once the node or pod "
+                                           "watch has been broken this long (no watch open, no list, event or "
+                                           "bookmark since), and says which and why")
     log_format: Literal["json", "text"] = Field(default="json", description="JSON lines, or text for humans")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe "
                                                                     "level logged")

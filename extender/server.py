@@ -113,9 +113,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[READY]():
+    ready = request.app[READY]()  # a bool, or the informers' Readiness: false with the reasons why
+    if ready:
         return web.Response(text="ok")
-    return web.Response(text="caches not synced", status=503)
+    return web.Response(text=getattr(ready, "text", "caches not synced"), status=503)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -212,7 +213,7 @@ def live_app(config: ExtenderConfig) -> web.Application:
 
     metrics = Metrics()
     app = make_app(config, ExtenderService(view, LazyBinder(), metrics, lookup), metrics,
-                   lambda: nodes.synced.is_set() and pods.synced.is_set())
+                   lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds))
 
     async def informers(app: web.Application):
         async with endpoint.session() as session:

@@ -91,15 +91,6 @@ class Readiness:
         return "ok" if self.ok else "not ready: " + "; ".join(self.why)
 
 
-def readiness(informers: Iterable["Informer"], now: float, max_stale_s: float) -> Readiness:
-    """Ready when there is at least one informer and every one is healthy at `now` (their clock's time)."""
-    informers = list(informers)
-    if not informers:
-        return Readiness(False, ("no informers started yet",))
-    why = tuple(h.why for h in (i.health(now, max_stale_s) for i in informers) if not h.ok)
-    return Readiness(not why, why)
-
-
 def object_key(obj: Obj) -> str:
     meta = obj["metadata"]
     return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
@@ -143,6 +134,15 @@ class Informer:
         if now - since <= max_stale_s:
             return Health(True)
         return Health(False, f"{name}: no working watch for {now - since:.0f}s (more than {max_stale_s:g}s){detail}")
+
+    @staticmethod
+    def readiness(informers: Iterable["Informer"], max_stale_s: float) -> Readiness:
+        """A process's readiness: at least one informer and every one healthy, each at its own clock's time."""
+        informers = list(informers)
+        if not informers:
+            return Readiness(False, ("no informers started yet",))
+        why = tuple(h.why for h in (i.health(i.clock(), max_stale_s) for i in informers) if not h.ok)
+        return Readiness(not why, why)
 
     def _contact(self) -> None:
         self.last_contact = self.clock()

@@ -157,6 +157,9 @@ class NodeScalerConfig(_Strict):
     provider: str = Field(default="kwok", pattern="^(kwok)$", description="where nodes come from (only the KWOK "
                           "provider exists)")
     dry_run: bool = Field(default=False, description="decide and log, never change the cluster")
+    max_watch_stale_s: float = Field(default=60.0, gt=0, description="/readyz fails once a node, pod or PDB watch "
+                                     "has been broken this long (no watch open, no list, event or bookmark since), "
+                                     "and says which and why")
 
     @model_validator(mode="after")
     def _unique(self) -> "NodeScalerConfig":

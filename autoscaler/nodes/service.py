@@ -127,8 +127,8 @@ class Service:
             return web.Response(text="ok")
 
         async def readyz(_):
-            ok = self.informers and all(i.synced.is_set() for i in self.informers)
-            return web.Response(text="ok" if ok else "informers not synced", status=200 if ok else 503)
+            ready = Informer.readiness(self.informers, self.config.max_watch_stale_s)
+            return web.Response(text=ready.text, status=200 if ready else 503)
 
         async def leader(_):
             return web.json_response({"identity": self.elector.identity if self.elector else None,

@@ -5,6 +5,7 @@ line crosses many chunks, and then stays open until the test ends (as a quiet wa
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import orjson
 import pytest
@@ -13,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuaas.informer import EventTooLarge, Health, Informer, readiness, split_lines
+from gpuaas.informer import EventTooLarge, Health, Informer, split_lines
 from gpuaas.kubeclient import ApiEndpoint
 
 MiB = 1024 * 1024
@@ -30,32 +31,41 @@ def pod(name: str, rv: str, annotations: dict[str, str] | None = None) -> dict:
 
 
 class FakeApiserver:
-    """GET /api/v1/pods: a list (each list sets `relisted` after the first), or with ?watch=1 a stream of `events`
-    written `write_bytes` at a time, then held open until `close` is set."""
+    """GET /api/v1/{pods,nodes}: a list (`relisted` is set by a second list of a kind), or with ?watch=1 a stream of
+    `events` written `write_bytes` at a time, then held open until `close` or `broken` is set. Once `broken` is set,
+    lists answer 500 (an apiserver that lost etcd)."""
 
     def __init__(self, items: list[dict], events: list[dict], *, write_bytes: int = 64 * 1024):
         self.items, self.events, self.write_bytes = items, events, write_bytes
-        self.lists = 0
+        self.lists: Counter[str] = Counter()
         self.relisted = asyncio.Event()
         self.close = asyncio.Event()
+        self.broken = asyncio.Event()
 
-    async def pods(self, request: web.Request) -> web.StreamResponse:
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        items = self.items if kind == "pods" else []
         if request.query.get("watch") != "1":
-            self.lists += 1
-            if self.lists > 1:
+            if self.broken.is_set():
+                return web.json_response({"kind": "Status", "code": 500, "message": "etcd gone"}, status=500)
+            self.lists[kind] += 1
+            if self.lists[kind] > 1:
                 self.relisted.set()
-            return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": self.items})
+            return web.json_response({"kind": "List", "metadata": {"resourceVersion": "1"}, "items": items})
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(request)
-        body = b"".join(orjson.dumps(e) + b"\n" for e in self.events)
+        body = b"".join(orjson.dumps(e) + b"\n" for e in (self.events if kind == "pods" else []))
         for at in range(0, len(body), self.write_bytes):
             await resp.write(body[at:at + self.write_bytes])
-        await self.close.wait()
+        waits = [asyncio.create_task(e.wait()) for e in (self.close, self.broken)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
         return resp
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/api/v1/pods", self.pods)
+        app.router.add_get("/api/v1/{kind:pods|nodes}", self.serve)
         return app
 
 
@@ -96,7 +106,7 @@ def test_a_pod_update_with_a_1_mib_annotation_reaches_the_model_without_a_relist
 
     inf = run(go())
     assert arrived.is_set(), f"the update never arrived: {inf.relists} lists, {inf.errors} errors"
-    assert (inf.relists, inf.errors, fake.lists) == (1, 0, 1)
+    assert (inf.relists, inf.errors, fake.lists["pods"]) == (1, 0, 1)
     assert inf.store["ml/p"]["metadata"]["annotations"]["big"] == big
     assert [(o and o["metadata"]["resourceVersion"], n["metadata"]["resourceVersion"]) for o, n in seen] == \
         [(None, "1"), ("1", "2")]  # the list's add, then the watch's update with the old object
@@ -203,14 +213,14 @@ def test_readiness_needs_every_informer_healthy_and_names_those_that_are_not():
     clock = Clock()
     nodes, pods = _informer(clock), _informer(clock)
     pods.kind, pods.path = "Pod", "/api/v1/pods"
-    assert not readiness([], clock(), 60)
+    assert not Informer.readiness([], 60)
     for inf in (nodes, pods):
         inf.synced.set()
         inf._contact()
-    assert readiness([nodes, pods], clock(), 60).text == "ok"
+    assert Informer.readiness([nodes, pods], 60).text == "ok"
     nodes.watching = True
     clock.t += 120
-    ready = readiness([nodes, pods], clock(), 60)
+    ready = Informer.readiness([nodes, pods], 60)
     assert not ready and ready.text == "not ready: informer Pod (/api/v1/pods): no working watch for 120s " \
                                        "(more than 60s)"
 
@@ -233,3 +243,84 @@ def test_the_informer_is_healthy_while_a_real_watch_is_open_and_counts_events_as
     inf = run(go())
     assert healths == [Health(True), Health(True)]
     assert inf.relists == 1 and not inf.watching and inf.last_contact == clock.t  # contact at the watch's end
+
+
+# ---- readiness as the extender and the node scaler serve it ---------------------------------------------------------
+
+def kubeconfig(tmp_path, server: str):
+    path = tmp_path / "kubeconfig"
+    path.write_text(orjson.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}).decode())
+    return path
+
+
+async def _wait_for_status(client, path: str, code: int) -> str:
+    while True:  # the test's timeout bounds this; what is asserted is the answer, not how soon it came
+        resp = await client.get(path)
+        text = await resp.text()
+        if resp.status == code:
+            return text
+        await asyncio.sleep(0.05)
+
+
+def test_the_extender_withdraws_readiness_when_its_watches_break_and_says_why(tmp_path):
+    # After the first sync /readyz stayed 200 whatever happened to the watches. Here the apiserver breaks (watches
+    # end, lists answer 500): past max_watch_stale_seconds /readyz is 503 and names the informers and the error.
+    from aiohttp.test_utils import TestClient
+
+    from extender.config import ExtenderConfig
+    from extender.server import live_app
+
+    fake = FakeApiserver([pod("p", "1")], [])
+
+    async def go():
+        async with TestServer(fake.app()) as api:
+            config = ExtenderConfig(kubeconfig=kubeconfig(tmp_path, str(api.make_url("")).rstrip("/")),
+                                    max_watch_stale_seconds=0.2)
+            async with TestClient(TestServer(live_app(config))) as client:
+                before = await _wait_for_status(client, "/readyz", 200)
+                fake.broken.set()
+                after = await asyncio.wait_for(_wait_for_status(client, "/readyz", 503), timeout=60)
+            fake.close.set()
+            return before, after
+
+    before, after = run(go())
+    assert before == "ok"
+    assert after.startswith("not ready: informer Node (/api/v1/nodes): no working watch for ")
+    assert "informer Pod (/api/v1/pods): no working watch for " in after
+    assert "(more than 0.2s); last error " in after and "500" in after
+
+
+def test_the_node_scaler_withdraws_readiness_past_max_watch_stale_s(tmp_path):
+    from aiohttp.test_utils import TestClient
+
+    from autoscaler.nodes.config import NodeScalerConfig
+    from autoscaler.nodes.service import Service
+
+    clock = Clock()
+    config = NodeScalerConfig.model_validate({
+        "groups": [{"name": "a100", "max_size": 2, "cost_per_hour": 1.0, "template": {"gpu": {"model": "A100-80GB", "count": 8}}}],
+        "leader_election": {"enabled": False}, "max_watch_stale_s": 30})
+    service = Service(config, kubeconfig(tmp_path, "http://127.0.0.1:1"))
+    inf = _informer(clock)
+    inf.synced.set()
+    inf._contact()
+
+    async def go():
+        answers = []
+        async with TestClient(TestServer(service.app())) as client:
+            for informers, advance in (([], 0), ([inf], 0), ([inf], 31)):
+                service.informers = informers
+                clock.t += advance
+                resp = await client.get("/readyz")
+                answers.append((resp.status, await resp.text()))
+        return answers
+
+    assert run(go()) == [
+        (503, "not ready: no informers started yet"),
+        (200, "ok"),
+        (503, "not ready: informer Node (/api/v1/nodes): no working watch for 31s (more than 30s)"),
+    ]
