@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .server import live_app, load_snapshot, snapshot_app, ssl_context, warm_up_once_synced
+    from .server import handler_options, live_app, load_snapshot, snapshot_app, ssl_context, warm_up_once_synced
 
     try:
         config = load_config(ExtenderConfig, args.config, env_prefix=ENV_PREFIX, overrides={
@@ -45,5 +45,5 @@ def run(args: argparse.Namespace) -> int:
     warm_up_once_synced(app)
     # uvloop's event loop (libuv) handles the scheduler's request/response round trips with less overhead per request.
     web.run_app(app, host=config.host, port=config.port, ssl_context=ssl_context(config), print=None,
-                access_log=None, loop=uvloop.new_event_loop())
+                access_log=None, loop=uvloop.new_event_loop(), **handler_options(config))
     return 0

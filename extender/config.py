@@ -1,6 +1,7 @@
 """Settings of the extender service: a file (`--config`), then GPUAAS_EXTENDER_* environment variables, then flags."""
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -15,12 +16,20 @@ class TlsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cert_file: Path = Field(description="PEM serving certificate (with its chain) for the extender's Service name")
     key_file: Path = Field(description="PEM private key of `cert_file`")
+    client_ca_file: Path = Field(description="PEM CA bundle that signs the client certificate kube-scheduler presents "
+                                 "(its extender `tlsConfig.certFile`): filter, prioritize and bind need a certificate "
+                                 "from it whose common name is in `client_names`; other certificates from it are users "
+                                 "for /explain and /metrics (CN the user, O the groups)")
+    client_names: list[str] = Field(default=["system:kube-scheduler"], min_length=1, description="common names of "
+                                    "the client certificates that may call filter, prioritize and bind (and read "
+                                    "/explain and /metrics)")
 
 
 class ExtenderConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    host: str = Field(default="0.0.0.0", description="address to listen on")
+    host: str = Field(default="127.0.0.1", description="address to listen on; without `tls` only a loopback address "
+                      "(127.0.0.1, ::1, localhost): plain HTTP authenticates no caller")
     port: int = Field(default=8888, ge=0, le=65535, description="port to listen on (0: any free port)")
     policy: str = Field(default="gpuaas", description="scoring policy for prioritize and device choice (the "
                         "policies are listed below)")
@@ -32,6 +41,14 @@ class ExtenderConfig(BaseModel):
     assume_ttl_seconds: float = Field(default=30.0, gt=0, description="how long a binding of ours waits for the "
                                       "watch before its GPUs are released")
     max_body_bytes: int = Field(default=8 * 2**20, ge=1024, description="larger requests get 413")
+    scheduler_names: list[str] = Field(default=["default-scheduler", "gpuaas-scheduler"], min_length=1,
+                                       description="the kube-scheduler profiles that call this extender: bind refuses "
+                                       "a pod whose spec.schedulerName is another")
+    idle_timeout_seconds: float = Field(default=15.0, gt=0, description="a connection that has not sent a complete "
+                                        "request header this long after connecting or after its last reply is "
+                                        "closed (idle keep-alive connections, and clients sending headers slowly)")
+    token_review_ttl_seconds: float = Field(default=10.0, ge=0, description="how long who a bearer token belongs to "
+                                            "(TokenReview) and what that user may do (SubjectAccessReview) are cached")
     read_timeout_seconds: float = Field(default=5.0, gt=0, description="a request body slower than this gets 408")
     resync_seconds: float = Field(default=300.0, gt=0, description="list nodes and pods again this often, besides "
                                   "watching them")
@@ -46,3 +63,20 @@ class ExtenderConfig(BaseModel):
     def _known_policy(self) -> "ExtenderConfig":
         known_policy(self.policy)
         return self
+
+    @model_validator(mode="after")
+    def _plain_http_on_loopback_only(self) -> "ExtenderConfig":
+        if self.tls is None and not is_loopback(self.host):
+            raise ValueError(f"host: {self.host} is reachable from other machines, and without tls (a serving "
+                             "certificate and the CA of kube-scheduler's client certificate) anyone who reaches it "
+                             "could bind pods; set tls, or listen on 127.0.0.1")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -6,6 +6,9 @@ one place (`errors`), and the server keeps serving.
     GET  /readyz                       200 once the node and pod caches have synced
     GET  /metrics                      Prometheus text format
     GET  /explain?pod=NS/NAME&node=N   why node N was rejected for the pod, or how it scored
+
+Who may call which (extender/auth.py): the verbs need kube-scheduler's client certificate; /explain and /metrics
+that, or a user the apiserver allows (TokenReview + SubjectAccessReview); /healthz and /readyz anyone.
 """
 from __future__ import annotations
 
@@ -26,10 +29,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from gpuaas.authz import ApiReviewer, AsyncReviewer
 from gpuaas.config import describe_errors
 from gpuaas.informer import Informer
 from gpuaas.kubeclient import ApiEndpoint
 
+from . import auth
 from .binder import ApiBinder, NoBinder
 from .config import ExtenderConfig
 from .metrics import Metrics
@@ -135,9 +140,16 @@ async def explain_endpoint(request: web.Request) -> web.Response:
 
 
 def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
-             ready: Callable[[], bool]) -> web.Application:
-    app = web.Application(middlewares=[errors], client_max_size=config.max_body_bytes)
+             ready: Callable[[], bool], reviewer: AsyncReviewer | None = None) -> web.Application:
+    """With `config.tls`, every request but the probes is authenticated (auth.py): kube-scheduler by its client
+    certificate, other users through `reviewer` (TokenReview, SubjectAccessReview; None: certificates only)."""
+    middlewares: list = [errors]
+    if config.tls is not None:
+        middlewares.append(auth.middleware(auth.Callers.of(config.tls.client_names, reviewer,
+                                                           config.token_review_ttl_seconds)))
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
     app[SERVICE], app[CONFIG], app[METRICS], app[READY] = service, config, metrics, ready
+    service.scheduler_names = tuple(config.scheduler_names)  # bind refuses pods of other schedulers
     app[PRIORITY_ENCODER] = HostPriorityEncoder()
     app.router.add_post("/filter", filter_verb)
     app.router.add_post("/prioritize", prioritize_verb)
@@ -172,7 +184,10 @@ def load_snapshot(path: Path) -> list[dict[str, Any]]:
     return items
 
 
-def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]]) -> web.Application:
+def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]],
+                 reviewer: AsyncReviewer | None = None) -> web.Application:
+    """`reviewer`: who answers TokenReviews and SubjectAccessReviews for /explain and /metrics (tests); None: only
+    client certificates authenticate."""
     view = ClusterView(config.policy, assume_ttl=config.assume_ttl_seconds)
     pods: dict[str, dict[str, Any]] = {}
     for kind in ("Node", "Pod"):  # nodes first, so pods land on known nodes
@@ -185,7 +200,7 @@ def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]]) -> web.App
         return pods.get(f"{namespace}/{name}")
 
     metrics = Metrics()
-    return make_app(config, ExtenderService(view, NoBinder(), metrics, lookup), metrics, lambda: True)
+    return make_app(config, ExtenderService(view, NoBinder(), metrics, lookup), metrics, lambda: True, reviewer)
 
 
 def live_app(config: ExtenderConfig) -> web.Application:
@@ -212,8 +227,9 @@ def live_app(config: ExtenderConfig) -> web.Application:
             await ApiBinder(holder["session"]).bind(*args)
 
     metrics = Metrics()
+    reviewer = ApiReviewer(lambda: holder["session"])
     app = make_app(config, ExtenderService(view, LazyBinder(), metrics, lookup), metrics,
-                   lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds))
+                   lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds), reviewer)
 
     async def informers(app: web.Application):
         async with endpoint.session() as session:
@@ -254,8 +270,21 @@ def warm_up_once_synced(app: web.Application) -> None:
 
 
 def ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
+    """The serving certificate, and client certificates asked for and verified against `tls.client_ca_file`:
+    optional at this layer, so that kubelet's probes connect; auth.py decides per request (a certificate that does
+    not verify fails the handshake)."""
     if config.tls is None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+    ctx.load_verify_locations(cafile=config.tls.client_ca_file)
+    ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
+
+
+def handler_options(config: ExtenderConfig) -> dict[str, Any]:
+    """Options of aiohttp's connection handler (web.run_app, AppRunner). aiohttp closes a connection whose request
+    header is incomplete when its keep-alive timer fires (75 s in run_app by default): that timer bounds a client
+    that sends its header slowly as well as an idle connection. kube-scheduler's connections reconnect when closed
+    idle (Go's transport keeps them 90 s)."""
+    return {"keepalive_timeout": config.idle_timeout_seconds}

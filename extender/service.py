@@ -98,7 +98,13 @@ class ExtenderService:
         if pod is None:
             raise BadRequest(f"pod {key} not found", status=404)
         if pod["metadata"].get("uid") and pod["metadata"]["uid"] != args.PodUID:
-            raise BadRequest(f"pod {key} has uid {pod['metadata']['uid']}, not {args.PodUID}", status=409)
+            raise BadRequest(f"pod {key} does not have uid {args.PodUID}", status=409)  # never the pod's own uid
+        from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal  # what kube-scheduler's filters would refuse
+        names = getattr(self, "scheduler_names", (DEFAULT_SCHEDULER,))  # server.make_app sets the configured ones
+        refused = bind_refusal(pod, self.view.nodes.get(args.Node), names)
+        if refused:
+            self.metrics.decisions.labels("bind", "refused").inc()
+            return ExtenderBindingResult(Error=f"{key} may not be bound to {args.Node} by gpuaas: {refused}")
         demand = self._demand(pod)
         held = self.view.placements.get(key) if key in self.view.assumed else None
         if held is not None and held.node != args.Node:

@@ -1,6 +1,8 @@
-"""Delegated authorization for the custom-metrics API, the way a Kubernetes aggregated API server does it
-(k8s.io/apiserver's DelegatingAuthorizationOptions: a SubjectAccessReview to kube-apiserver per request, answers
-cached briefly).
+"""Delegated authentication and authorization, the way a Kubernetes aggregated API server (or kube-rbac-proxy) does it
+(k8s.io/apiserver's DelegatingAuthenticationOptions and DelegatingAuthorizationOptions: a TokenReview and a
+SubjectAccessReview to kube-apiserver per request, answers cached briefly). The custom-metrics API authorizes the users
+the aggregator names; the extender authenticates bearer tokens (TokenReview) and client certificates, and authorizes
+both the same way (`/explain`, `/metrics`).
 
 The aggregator (kube-apiserver) authenticates the user, then calls us with its front-proxy client certificate and the
 user in request headers: X-Remote-User, X-Remote-Uid, X-Remote-Group (repeated), X-Remote-Extra-<key> (repeated;
@@ -15,19 +17,21 @@ were served by kube-apiserver itself:
            subresource queue_depth (RBAC: resources ["pods/queue_depth"], ["*/queue_depth"] or ["*"])
     GET /apis/custom.metrics.k8s.io/v1beta1 -> non-resource path, verb get (system:discovery allows it)
 
-Pure: `user_from_headers`, `request_attributes`, `access_review`, `decision_from_review`, `forbidden_message`;
-`DecisionCache` is a bounded TTL cache on an injected clock; `Authorizer` puts them together around a `Reviewer`, of
-which `KubeAccessReviewer` is the one that does I/O.
+Pure: `user_from_headers`, `user_from_certificate`, `request_attributes`, `access_review`, `token_review`,
+`user_from_token_review`, `decision_from_review`, `forbidden_message`; `DecisionCache` is a bounded TTL cache on an
+injected clock; `Authorizer` puts them together around a `Reviewer` (blocking) or an `AsyncReviewer`, of which
+`KubeAccessReviewer` and `ApiReviewer` are the ones that do I/O.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote
 
 USER_HEADER, UID_HEADER, GROUP_HEADER, EXTRA_PREFIX = "X-Remote-User", "X-Remote-Uid", "X-Remote-Group", "X-Remote-Extra-"
@@ -236,16 +240,27 @@ class Authorizer:
         self.always_allow_groups = frozenset(always_allow_groups)
         self.cache = DecisionCache(allow_ttl_s=allow_ttl_s, deny_ttl_s=deny_ttl_s, size=size, clock=clock)
 
-    def authorize(self, user: User, attrs: Attributes) -> Decision:
-        """Blocking on a cache miss (run it in an executor). Raises ReviewFailed; failures are not cached."""
+    def _known(self, user: User, attrs: Attributes) -> Decision | None:
         if self.always_allow_groups.intersection(user.groups):
             return Decision(True, "privileged group")  # kube-apiserver allows them whatever RBAC says
-        cached = self.cache.get(user, attrs)
-        if cached is not None:
-            return cached
-        decision = decision_from_review(self.reviewer.review(access_review(user, attrs)))
+        return self.cache.get(user, attrs)
+
+    def _learn(self, user: User, attrs: Attributes, status: Mapping) -> Decision:
+        decision = decision_from_review(status)
         self.cache.put(user, attrs, decision)
         return decision
+
+    def authorize(self, user: User, attrs: Attributes) -> Decision:
+        """Blocking on a cache miss (run it in an executor). Raises ReviewFailed; failures are not cached."""
+        known = self._known(user, attrs)
+        return known if known is not None else self._learn(user, attrs, self.reviewer.review(access_review(user, attrs)))
+
+    async def authorize_async(self, user: User, attrs: Attributes) -> Decision:
+        """The same, for an event loop: the reviewer is an AsyncReviewer."""
+        known = self._known(user, attrs)
+        if known is not None:
+            return known
+        return self._learn(user, attrs, await self.reviewer.review_async(access_review(user, attrs)))  # type: ignore[attr-defined]
 
 
 class KubeAccessReviewer:
@@ -265,7 +280,7 @@ class KubeAccessReviewer:
             result = self.authz.create_subject_access_review(body, _request_timeout=self.timeout_s)
         except ApiException as exc:
             if exc.status == 403:
-                raise ReviewFailed(500, "the metrics API may not create SubjectAccessReviews (bind its ServiceAccount "
+                raise ReviewFailed(500, "this component may not create SubjectAccessReviews (bind its ServiceAccount "
                                         f"to ClusterRole system:auth-delegator): {exc.reason}") from None
             code = 503 if exc.status in (429, 500, 502, 503, 504) or exc.status is None else 500
             raise ReviewFailed(code, f"SubjectAccessReview failed: {exc.status} {exc.reason}") from None
@@ -274,3 +289,106 @@ class KubeAccessReviewer:
         status = result.status
         return {"allowed": bool(status.allowed), "denied": bool(status.denied), "reason": status.reason or "",
                 "evaluationError": status.evaluation_error or ""}
+
+
+# ---- authentication: bearer tokens (TokenReview) and client certificates ------------------------------------------
+
+def user_from_certificate(peercert: Mapping[str, Any] | None) -> User | None:
+    """The user a verified client certificate names, as kube-apiserver's x509 authenticator reads it: the subject's
+    common name is the user, its organizations are the groups. `peercert` is ssl's getpeercert() dict (empty or None:
+    no certificate)."""
+    if not peercert:
+        return None
+    names, groups = [], []
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                names.append(value)
+            elif key == "organizationName":
+                groups.append(value)
+    if not names or not names[0]:
+        return None
+    return User(names[0], groups=tuple(groups) + (AUTHENTICATED,))
+
+
+def token_review(token: str) -> dict:
+    """The authentication.k8s.io/v1 TokenReview asking who `token` belongs to."""
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+
+
+def user_from_token_review(status: Mapping) -> User | None:
+    """The user a TokenReview's status names; None when the token did not authenticate."""
+    info = status.get("user") or {}
+    if not status.get("authenticated") or not info.get("username"):
+        return None
+    extra = info.get("extra") or {}
+    return User(info["username"], info.get("uid") or "", tuple(info.get("groups") or ()),
+                tuple(sorted((k, tuple(v)) for k, v in extra.items())))
+
+
+class TokenCache:
+    """Who a token belongs to, for `ttl_s` (kube-apiserver's webhook token authenticator caches 10 s too), at most
+    `size` tokens; keyed by the token's SHA-256, so that the cache holds no token."""
+
+    def __init__(self, *, ttl_s: float = 10.0, size: int = 4096, clock: Callable[[], float] = time.monotonic):
+        self.ttl_s, self.size, self.clock = ttl_s, size, clock
+        self._entries: OrderedDict[bytes, tuple[float, User | None]] = OrderedDict()
+
+    def get(self, token: str) -> tuple[bool, User | None]:
+        key = hashlib.sha256(token.encode()).digest()
+        hit = self._entries.get(key)
+        if hit is None or self.clock() >= hit[0]:
+            self._entries.pop(key, None)
+            return False, None
+        self._entries.move_to_end(key)
+        return True, hit[1]
+
+    def put(self, token: str, user: User | None) -> None:
+        key = hashlib.sha256(token.encode()).digest()
+        self._entries[key] = (self.clock() + self.ttl_s, user)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+class AsyncReviewer(Protocol):
+    async def review_async(self, body: dict) -> dict:
+        """Create the SubjectAccessReview `body`; return its status. Raises ReviewFailed."""
+
+    async def token_review_async(self, body: dict) -> dict:
+        """Create the TokenReview `body`; return its status ({authenticated, user, error}). Raises ReviewFailed."""
+
+
+class ApiReviewer:
+    """SubjectAccessReviews and TokenReviews through an aiohttp session on kube-apiserver (gpuaas.kubeclient's): the
+    I/O of an event-loop server. Needs ClusterRole system:auth-delegator."""
+
+    SAR_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+    TOKEN_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+    def __init__(self, session_of: Callable[[], Any], *, timeout_s: float = 5.0):
+        self.session_of, self.timeout_s = session_of, timeout_s
+
+    async def _create(self, path: str, body: dict) -> dict:
+        import aiohttp
+
+        try:
+            async with self.session_of().post(path, json=body,
+                                              timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+                if resp.status == 403:
+                    raise ReviewFailed(500, f"this component may not create {path.rsplit('/', 1)[1]} (bind its "
+                                            "ServiceAccount to ClusterRole system:auth-delegator)")
+                if resp.status >= 300:
+                    code = 503 if resp.status in (429, 500, 502, 503, 504) else 500
+                    raise ReviewFailed(code, f"{path.rsplit('/', 1)[1]}: kube-apiserver answered {resp.status}")
+                return (await resp.json()).get("status") or {}
+        except ReviewFailed:
+            raise
+        except Exception as exc:  # connection refused, timeout: kube-apiserver unreachable
+            raise ReviewFailed(503, f"review failed: {type(exc).__name__}: {exc}") from None
+
+    async def review_async(self, body: dict) -> dict:
+        return await self._create(self.SAR_PATH, body)
+
+    async def token_review_async(self, body: dict) -> dict:
+        return await self._create(self.TOKEN_PATH, body)

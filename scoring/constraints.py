@@ -1,7 +1,8 @@
-"""Where a pod may go by the node's labels and taints: nodeSelector, required node affinity (matchExpressions) and
-taints/tolerations, as kube-scheduler's NodeAffinity and TaintToleration filters judge them. The scoring model knows
-GPUs, CPU and memory only; the autoscaler's what-if adds these so that it never plans a pod onto a node (or a node
-group) the scheduler would refuse it. Pure.
+"""Where a pod may go by the node's labels and taints: nodeSelector, required node affinity (matchExpressions and
+matchFields on metadata.name) and taints/tolerations, as kube-scheduler's NodeAffinity and TaintToleration filters
+judge them. The scoring model knows GPUs, CPU and memory only; the autoscaler's what-if adds these so that it never
+plans a pod onto a node (or a node group) the scheduler would refuse it, and the extender's bind refuses what the
+scheduler's filters would have refused (`bind_refusal`). Pure.
 """
 from __future__ import annotations
 
@@ -25,14 +26,18 @@ class Placement:
         spec = pod.get("spec") or {}
         terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
                   .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ())
+        # matchFields (only metadata.name exists) become expressions on a key no label can have (labels need a name).
         affinity = tuple(tuple((e["key"], e["operator"], tuple(e.get("values") or ()))
-                               for e in t.get("matchExpressions") or ()) for t in terms)
+                               for e in t.get("matchExpressions") or ())
+                         + tuple((FIELD_PREFIX + e["key"], e["operator"], tuple(e.get("values") or ()))
+                                 for e in t.get("matchFields") or ()) for t in terms)
         tols = tuple((t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", ""))
                      for t in spec.get("tolerations") or ())
         return cls(tuple(sorted((spec.get("nodeSelector") or {}).items())), affinity, tols)
 
 
 Taint = tuple[str, str, str]  # (key, value, effect)
+FIELD_PREFIX = "/"  # a matchFields key, among the labels: "/metadata.name"
 
 # Taints that say "not yet" or "going away", which the autoscaler judges itself (booting, cordoned, draining nodes are
 # no targets anyway, and a booting node is judged by its group's template): the pod's own taint tolerance is about
@@ -72,14 +77,45 @@ def _tolerated(taint: Taint, tolerations: Sequence[tuple[str, str, str, str]]) -
     return False
 
 
-def allows(p: Placement, labels: Mapping[str, str], taints: Sequence[Taint]) -> bool:
-    """The scheduler's NodeAffinity + TaintToleration filters (NoSchedule and NoExecute taints)."""
+def allows(p: Placement, labels: Mapping[str, str], taints: Sequence[Taint], *,
+           ignored_taints: Sequence[str] = IGNORED_TAINTS, node_name: str | None = None) -> bool:
+    """The scheduler's NodeAffinity + TaintToleration filters (NoSchedule and NoExecute taints). `node_name`: for
+    matchFields on metadata.name (a node group's template has none: such terms then fail)."""
+    return refusal(p, labels, taints, ignored_taints=ignored_taints, node_name=node_name) is None
+
+
+def refusal(p: Placement, labels: Mapping[str, str], taints: Sequence[Taint], *,
+            ignored_taints: Sequence[str] = IGNORED_TAINTS, node_name: str | None = None) -> str | None:
+    """Why the scheduler's NodeAffinity or TaintToleration filter refuses the node, in its own words; None if not."""
     if any(labels.get(k) != v for k, v in p.node_selector):
-        return False
-    if p.affinity and not any(all(_expr_ok(e, labels) for e in term) for term in p.affinity):
-        return False
-    return all(_tolerated(t, p.tolerations) for t in taints
-               if t[2] in ("NoSchedule", "NoExecute") and t[0] not in IGNORED_TAINTS)
+        return "node(s) didn't match Pod's node affinity/selector"
+    if p.affinity:
+        fields = {**labels, FIELD_PREFIX + "metadata.name": node_name} if node_name is not None else labels
+        if not any(all(_expr_ok(e, fields) for e in term) for term in p.affinity):
+            return "node(s) didn't match Pod's node affinity/selector"
+    for t in taints:
+        if t[2] in ("NoSchedule", "NoExecute") and t[0] not in ignored_taints and not _tolerated(t, p.tolerations):
+            return f"node(s) had untolerated taint {{{t[0]}: {t[1]}}}"
+    return None
+
+
+DEFAULT_SCHEDULER = "default-scheduler"  # what the apiserver puts into a pod that names none
+
+
+def bind_refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, scheduler_names: Sequence[str]) -> str | None:
+    """Why a binding of `pod` to `node` must not be made, or None: the pod belongs to another scheduler, or the
+    scheduler's NodeAffinity/TaintToleration filters would refuse the node (every NoSchedule/NoExecute taint
+    counts here, as in the scheduler's filter: a binding is judged on the node as it is). `node` None: only the
+    scheduler is checked."""
+    spec = pod.get("spec") or {}
+    scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
+    if scheduler not in scheduler_names:
+        return f"the pod's schedulerName {scheduler} is not one this extender serves ({', '.join(scheduler_names)})"
+    if node is None:
+        return None  # the caller says the node is unknown, in its own way
+    meta = node.get("metadata") or {}
+    return refusal(Placement.of(pod), meta.get("labels") or {}, node_taints(node), ignored_taints=(),
+                   node_name=meta.get("name"))
 
 
 def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
