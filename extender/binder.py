@@ -3,6 +3,7 @@ apiserver copies a Binding's annotations onto the pod), so the node and the devi
 from __future__ import annotations
 
 from typing import Protocol
+from urllib.parse import quote
 
 import aiohttp
 
@@ -15,6 +16,12 @@ class Binder(Protocol):
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None: ...
 
 
+def pod_path(namespace: str, name: str, *sub: str) -> str:
+    """The apiserver path of a pod (or its subresource). The names were checked at the wire (scoring.names: DNS-1123,
+    no '/', '?', '%' or '..'); each is quoted as one path segment all the same."""
+    return "/".join(["/api/v1/namespaces", quote(namespace, safe=""), "pods", quote(name, safe=""), *sub])
+
+
 class ApiBinder:
     def __init__(self, session: aiohttp.ClientSession):
         self.session = session
@@ -23,7 +30,7 @@ class ApiBinder:
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        async with self.session.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", json=body) as resp:
+        async with self.session.post(pod_path(namespace, name, "binding"), json=body) as resp:
             if resp.status >= 300:
                 detail = (await resp.json(content_type=None) or {}).get("message", resp.reason)
                 raise BindError(f"binding {namespace}/{name} to {node}: HTTP {resp.status}: {detail}")

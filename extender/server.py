@@ -40,6 +40,7 @@ from .config import ExtenderConfig
 from .metrics import Metrics
 from .service import BadRequest, ExtenderService
 from scoring.clusterview import ClusterView
+from scoring.kubeobjects import ObjectError
 from .wire import ExtenderArgs, ExtenderBindingArgs, HostPriorityEncoder
 
 log = logging.getLogger("gpuaas.extender")
@@ -51,6 +52,13 @@ READY = web.AppKey("ready", Callable[[], bool])
 PRIORITY_ENCODER = web.AppKey("priority_encoder", HostPriorityEncoder)
 
 
+VERBS = ("filter", "prioritize", "bind", "healthz", "readyz", "metrics", "explain", "root")
+
+
+class UnreadableBody(BadRequest):
+    """A body that cannot be decoded: answered with 400, and the connection is closed after it."""
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -58,14 +66,20 @@ def _error(status: int, message: str) -> web.Response:
 @web.middleware
 async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     verb = request.path.strip("/") or "root"
+    if verb not in VERBS:
+        verb = "other"  # a metrics label: one per route, never one per path a client makes up
     metrics = request.app[METRICS]
     started = time.perf_counter()
     try:
         return await handler(request)
     except BadRequest as err:
         response = _error(err.status, str(err))
+        if isinstance(err, UnreadableBody):
+            response.force_close()  # ... and the connection closes after the answer: its byte stream is lost
     except ValidationError as err:
         response = _error(400, f"invalid {verb} request: {describe_errors(err)}")
+    except ObjectError as err:  # a Pod or Node in the request that cannot be read; the message names the field
+        response = _error(400, f"invalid {verb} request: {err}")
     except json.JSONDecodeError as err:
         response = _error(400, f"request body is not JSON: {err}")
     except asyncio.TimeoutError:
@@ -84,7 +98,12 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
 
 
 async def _read_json(request: web.Request) -> Any:
-    body = await asyncio.wait_for(request.read(), timeout=request.app[CONFIG].read_timeout_seconds)
+    try:
+        body = await asyncio.wait_for(request.read(), timeout=request.app[CONFIG].read_timeout_seconds)
+    except web.RequestPayloadError as err:  # e.g. Content-Encoding: gzip and a body that is not gzip
+        request.content.feed_eof()  # what is left of it is not read (aiohttp would log the error once more) ...
+        reason = getattr(err.__cause__, "message", None) or str(err)
+        raise UnreadableBody(f"request body cannot be read: {reason}") from None
     if not body:
         raise BadRequest("request body is empty")
     return orjson.loads(body)  # orjson.JSONDecodeError is a json.JSONDecodeError: same 400

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
+from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
 from scoring.policies import feasible
 
 from scoring import verdicts
@@ -67,9 +68,9 @@ class ExtenderService:
         # Without a node cache the scheduler sent (and wants back) full Node objects.
         nodes = None
         if args.NodeNames is None and args.Nodes is not None:
-            keep = set(verdict.feasible)
+            keep = dict.fromkeys(verdict.feasible)  # popped when answered: a node sent twice comes back once
             nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
-                                             if n.get("metadata", {}).get("name") in keep]}
+                                             if keep.pop(n["metadata"]["name"], False) is None]}
         return ExtenderFilterResult.model_construct(  # built here, valid by construction: skip re-validation
             Nodes=nodes, NodeNames=verdict.feasible if args.NodeNames is not None else None,
             FailedNodes=verdict.failed, FailedAndUnresolvableNodes=verdict.unresolvable, Error="")
@@ -83,12 +84,12 @@ class ExtenderService:
         if not (uid == args.Pod["metadata"].get("uid") and version == state.version and names == feasible_names):
             rows = None
         scored = verdicts.prioritize(state, policy, demand, names, rows)
-        pick = scored.pick
-        if pick is not None:
+        pick, key = scored.pick, pod_key(args.Pod)
+        if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
-            self.view.assume(pod_key(args.Pod), pick, demand, tuple(policy.devices(state, demand, node)))
+            self.view.assume(key, pick, demand, tuple(policy.devices(state, demand, node)))
         self.metrics.decisions.labels("prioritize", "scored").inc(len(scored.names))
         return scored
 
@@ -140,7 +141,12 @@ class ExtenderService:
 
     async def explain(self, pod_ref: str, node: str) -> dict[str, Any]:
         namespace, _, name = pod_ref.rpartition("/")
-        pod = await self.pod_lookup(namespace or "default", name)
+        try:  # checked as the apiserver checks names before they reach a lookup (and its URL)
+            namespace, name = dns1123_label(namespace or "default", "pod namespace"), dns1123_subdomain(name, "pod name")
+            dns1123_subdomain(node, "node")
+        except InvalidName as err:
+            raise BadRequest(f"explain ?pod=NAMESPACE/NAME&node=NODE: {err}") from None
+        pod = await self.pod_lookup(namespace, name)
         if pod is None:
             raise BadRequest(f"pod {pod_ref} not found", status=404)
         demand = self._demand(pod)

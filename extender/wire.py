@@ -12,6 +12,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from scoring.names import dns1123_label, dns1123_subdomain
+
 MAX_EXTENDER_PRIORITY = 10
 
 
@@ -33,17 +35,36 @@ class ExtenderArgs(_Wire):
         meta = pod.get("metadata")
         if not isinstance(meta, dict) or not meta.get("name"):
             raise ValueError("Pod.metadata.name is required")
+        dns1123_subdomain(meta["name"], "Pod.metadata.name")
+        if "namespace" in meta:
+            dns1123_label(meta["namespace"], "Pod.metadata.namespace")
         if not isinstance(pod.get("spec"), dict):
             raise ValueError("Pod.spec is required")
         return pod
 
+    @field_validator("Nodes")
+    @classmethod
+    def _nodes_have_names(cls, nodes: dict[str, Any] | None) -> dict[str, Any] | None:
+        if nodes is None:
+            return None
+        items = nodes.get("items")
+        if items is None:
+            return nodes
+        if not isinstance(items, list):
+            raise ValueError(f"Nodes.items must be a list, got {type(items).__name__}")
+        for i, n in enumerate(items):
+            meta = n.get("metadata") if isinstance(n, dict) else None
+            if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+                raise ValueError(f"Nodes.items[{i}].metadata.name is required (a string)")
+        return nodes
+
     def node_names(self) -> list[str]:
-        """The candidate nodes, from NodeNames or, without a node cache, from the NodeList's items."""
+        """The candidate nodes, from NodeNames or, without a node cache, from the NodeList's items; each once, in the
+        order first given (a name sent twice is answered once)."""
         if self.NodeNames is not None:
-            return self.NodeNames
+            return list(dict.fromkeys(self.NodeNames))
         if self.Nodes is not None:
-            items = self.Nodes.get("items") or []
-            return [n["metadata"]["name"] for n in items if isinstance(n, dict) and "metadata" in n]
+            return list(dict.fromkeys(n["metadata"]["name"] for n in self.Nodes.get("items") or ()))
         return []
 
 
@@ -111,10 +132,22 @@ class HostPriorityEncoder:
 
 
 class ExtenderBindingArgs(_Wire):
+    """Names checked as the apiserver checks them (scoring.names) before they reach a URL or the model."""
+
     PodName: str = Field(min_length=1)
     PodNamespace: str = Field(min_length=1)
-    PodUID: str = Field(min_length=1)
+    PodUID: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     Node: str = Field(min_length=1)
+
+    @field_validator("PodName", "Node")
+    @classmethod
+    def _subdomain(cls, name: str) -> str:
+        return dns1123_subdomain(name)  # pydantic's error names the field
+
+    @field_validator("PodNamespace")
+    @classmethod
+    def _label(cls, namespace: str) -> str:
+        return dns1123_label(namespace)
 
 
 class ExtenderBindingResult(_Wire):

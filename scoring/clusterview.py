@@ -22,8 +22,8 @@ from typing import Any
 
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
-from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, assigned_devices, holds_resources,
-                                 node_spec, pod_demand, pod_key)
+from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, assigned_devices, demand_key,
+                                 holds_resources, node_spec, pod_demand, pod_key)
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.policies import Policy, make_policy
 
@@ -61,7 +61,7 @@ class ClusterView:
         self.policy: Policy | None = None
         self._dirty = True
         self.recent: OrderedDict[str, PodDemand] = OrderedDict()
-        self._demands: dict[tuple, PodDemand] = {}
+        self._demands: dict[bytes, PodDemand] = {}
         self._new_shapes = 0
         self.rebuilds = 0
         self.parse_errors = 0
@@ -238,11 +238,12 @@ class ClusterView:
 
     # ---- reading -------------------------------------------------------------------------------------------------
     def demand(self, pod: Obj) -> PodDemand:
-        """pod_demand, remembered per pod uid and spec generation: the same pod is read at arrival, filter,
-        prioritize, bind and binding, and its requests change only with its spec."""
-        meta = pod.get("metadata") or {}
-        key = (meta.get("uid"), meta.get("generation"))
-        if key[0] is None or key[1] is None:
+        """pod_demand, remembered by content (scoring.kubeobjects.demand_key): the same pod is read at arrival,
+        filter, prioritize, bind and binding. Keyed on what pod_demand reads, never on what an object says it is (a
+        uid and generation in a request body are the sender's word): any body with the same key has the same demand,
+        so what a request says cannot change what the informer and bind believe."""
+        key = demand_key(pod)
+        if key is None:
             return pod_demand(pod)
         demand = self._demands.get(key)
         if demand is None:

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scoring.clusterview import ClusterView
 from gpuaas.informer import Informer
 from gpuaas.kubeclient import ApiEndpoint, api_client
-from gpuaas.leader import LeaderElector
+from gpuaas.leader import LeaderElector, write_timeout
 
 from .config import NodeScalerConfig
 from .controller import KubeCluster, NodeScaler
@@ -40,8 +40,13 @@ class Service:
         le = config.leader_election
         self.elector = LeaderElector.from_config(self.api, le, identity=identity, kubeconfig=kubeconfig,
                                                  on_change=self._leadership_changed) if le.enabled else None
-        self.scaler = NodeScaler(config, self._no_snapshot, KubeCluster(self.api), KwokProvider(self.api),
-                                 metrics=self.metrics, may_act=self.is_leader)
+        # Every write is bounded by a request timeout and starts only while the lease is ours for at least that long.
+        self.write_timeout = self.elector.write_timeout if self.elector else write_timeout(le.renew_deadline_s,
+                                                                                             le.retry_period_s)
+        self.cluster = KubeCluster(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
+        self.scaler = NodeScaler(config, self._no_snapshot, self.cluster,
+                                 KwokProvider(self.api, request_timeout=self.write_timeout, may_act=self.may_write),
+                                 metrics=self.metrics, may_act=self.may_write)
         self.view = ClusterView(config.scale_out.policy)
         self.trigger = asyncio.Event()
         self.informers: list[Informer] = []
@@ -52,6 +57,9 @@ class Service:
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
+
+    def may_write(self) -> bool:
+        return self.elector is None or self.elector.may_write(self.write_timeout)
 
     def _leadership_changed(self, leader: bool) -> None:
         """From the elector's thread. A new leader reconciles at once rather than at the next interval."""
@@ -160,6 +168,10 @@ class Service:
             tasks = [asyncio.create_task(i.run(session)) for i in self.informers]
             loop_task = asyncio.create_task(self._loop(stop))
             await stop.wait()
+            # No write may start or be in flight once the lease is released: stop the reconcile and wait for it
+            # (cancelling the task would not stop its worker thread), and for the events already submitted.
+            await asyncio.to_thread(self.scaler.shutdown)
+            await asyncio.to_thread(self.cluster.close)
             loop_task.cancel()
             for t in tasks:
                 t.cancel()

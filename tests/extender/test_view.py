@@ -162,3 +162,28 @@ def test_bind_on_the_picked_node_uses_the_devices_prioritize_held():
     assert scored == [("a100-0001", 10)]
     assert binder.calls == [("p", "a100-0001", {"gpuaas.io/devices": ",".join(map(str, held))})]
     assert free_gpus(view, "a100-0001") == 6
+
+
+def test_a_filter_body_cannot_change_what_bind_and_the_informer_believe_a_pod_asks_for():
+    """Defect 5: a /filter body carrying a victim's uid and generation but no containers once filled the demand cache
+    that bind and the informer read, and the victim's 2-GPU pod then counted as using nothing."""
+    view = view_with_nodes()
+    victim = pending("victim", gpus=2)
+    victim["metadata"]["generation"] = 1
+    pods = {"ml/victim": victim}
+    binder = RecordingBinder()
+    svc = service(view, binder, pods)
+    forged = {"metadata": {"name": "victim", "namespace": "ml", "uid": "uid-victim", "generation": 1},
+              "spec": {"containers": []}}
+    svc.filter(ExtenderArgs(Pod=forged, NodeNames=names()))
+    # bind reads the pod the apiserver holds: it holds 2 GPUs, not 0
+    result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName="victim", PodNamespace="ml", PodUID="uid-victim",
+                                                      Node="a100-0001")))
+    assert result.Error == "" and len(binder.calls[0][2]["gpuaas.io/devices"].split(",")) == 2
+    assert free_gpus(view, "a100-0001") == 6
+    # the informer reading that pod, bound by someone else (no devices note), after another forged filter
+    view = view_with_nodes()
+    svc = service(view, binder, pods)
+    svc.filter(ExtenderArgs(Pod=forged, NodeNames=names()))
+    view.on_change("Pod", None, bound(victim, "a100-0002"))
+    assert free_gpus(view, "a100-0002") == 6
