@@ -8,10 +8,11 @@ No file is read: the tables below are the fixture.
 
 Measured (`allocation_at_130` for seeds 0-23): at 130 % arrived gpuaas allocates 96.10 % and FGD 95.51 % on average
 (the full trace: 96.36 vs 95.39); the margin is +0.59 points per seed (sd 0.31, min +0.13, never negative), +0.61
-over seeds 0-5, and the mean over any 6 of the 24 seeds was >= 0.36 in 99.9 % of 5,000 draws. The floor, 0.3 over seeds 0-5, sits below that. Policies in gpuaas's place, margin over seeds 0-5: FGD itself
-0.00, bestfit -0.63, least-allocated -1.45, random -7.04, first-fit -11.13: each fails. It guards the advantage as a
-whole, not each term: without the share regret (REGRET_WEIGHT = 0) the margin is +0.34 per seed, too close to
-separate from the full policy on six seeds.
+over seeds 0-5, and the mean over any 6 of the 24 seeds was >= 0.36 in 99.9 % of 5,000 draws. The floor, 0.3 over
+seeds 0-5, sits below that. Policies in gpuaas's place, margin over seeds 0-5: FGD itself 0.00, bestfit -0.63,
+least-allocated -1.45, random -7.04, first-fit -11.13: each fails. It guards the advantage as a whole, not each term:
+without the share regret (REGRET_WEIGHT = 0) the margin is +0.34 per seed, too close to the full policy's to tell
+apart on six seeds.
 """
 from __future__ import annotations
 
