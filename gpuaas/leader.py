@@ -90,6 +90,11 @@ class LeaderElectionConfig(BaseModel):
         return self
 
 
+def write_timeout(renew_deadline_s: float, retry_period_s: float) -> float:
+    """See `LeaderElector.write_timeout`; for components that run without an elector, from the same config."""
+    return (renew_deadline_s - retry_period_s) / 2
+
+
 def _micro(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -184,6 +189,24 @@ class LeaderElector:
     def is_leader(self) -> bool:
         with self._lock:
             return self._renewed_at is not None and self.clock() - self._renewed_at < self.timings.renew_deadline_s
+
+    def valid_for(self) -> float:
+        """Seconds this replica still leads by its own clock should no renewal succeed from now on (0: not leader)."""
+        with self._lock:
+            if self._renewed_at is None:
+                return 0.0
+            return max(0.0, self._renewed_at + self.timings.renew_deadline_s - self.clock())
+
+    @property
+    def write_timeout(self) -> float:
+        """The request timeout of a leader's writes: half of what is left of the renew deadline just before a
+        renewal (renew_deadline - retry_period), so that a healthy leader always has room for one more write."""
+        return write_timeout(self.timings.renew_deadline_s, self.timings.retry_period_s)
+
+    def may_write(self, timeout: float | None = None) -> bool:
+        """A write bounded by `timeout` seconds (default `write_timeout`) may start now: it ends, landed or timed out,
+        while this replica still leads, before any other can take over (renew_deadline < lease_duration)."""
+        return self.valid_for() >= (self.write_timeout if timeout is None else timeout) > 0
 
     def _set(self, renewed_at: float | None) -> None:
         with self._lock:

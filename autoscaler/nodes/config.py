@@ -11,7 +11,7 @@ to a group by the label `gpuaas.io/pool: <group name>`, as pool nodes do.
       min_size: 0
       max_size: 100
       provisioning_delay_s: 90      # KWOK provider: GPUs become allocatable this long after the grow request
-      max_provision_s: 900          # a node whose GPUs are not allocatable by then counts as failed: group backs off
+      max_provision_s: 900          # a node never GPU-ready by then counts as failed: group backs off
       cost_per_hour: 32.8
     scale_in: {utilization_threshold: 0.5, unneeded_s: 600}
 
@@ -45,8 +45,11 @@ class NodeGroupConfig(_Strict):
     max_size: int = Field(ge=0, description="scale-out never goes above this many nodes; at least min_size")
     provisioning_delay_s: float = Field(default=0.0, ge=0, description="KWOK provider: the new node's GPUs become "
                                         "allocatable this long after the grow request")
-    max_provision_s: float = Field(default=900.0, gt=0, description="a new node whose GPUs are not allocatable by "
-                                   "then is deleted and the group backs off")
+    max_provision_s: float = Field(default=900.0, gt=0, description="a new node that has not been GPU-ready (Ready, "
+                                   "GPUs allocatable) by then counts as a failed provision: the group backs off and "
+                                   "the node is deleted, unless pods other than DaemonSet pods are bound to it. A "
+                                   "node that was GPU-ready once and goes unready is never a failed provision (see "
+                                   "scale_in.unready_drain_s)")
     cost_per_hour: float = Field(gt=0, description="price of one node; scale-out buys the cheapest set of nodes")
 
     @model_validator(mode="after")
@@ -127,7 +130,7 @@ class ScaleOutConfig(_Strict):
 
 
 class ScaleInConfig(_Strict):
-    enabled: bool = Field(default=True, description="drain and remove idle GPU nodes")
+    enabled: bool = Field(default=True, description="drain and remove idle GPU nodes (and long-unready ones)")
     utilization_threshold: float = Field(default=0.5, ge=0, le=1, description="a node whose GPU requests / "
                                          "allocatable GPUs stay below this is a candidate (CA's GPU threshold)")
     unneeded_s: float = Field(default=600.0, ge=0, description="how long a node must stay below the threshold")
@@ -139,6 +142,15 @@ class ScaleInConfig(_Strict):
     max_concurrent_drains: int = Field(default=5, ge=1, description="drains in progress at once")
     max_graceful_termination_s: int = Field(default=600, ge=0, description="upper bound of an evicted pod's "
                                             "grace period")
+    # cluster-autoscaler's --scale-down-unready-time (20 min): a node in service that went unready is not removed at
+    # once (a kubelet hiccup, a device-plugin restart, a MIG reconfiguration gpuaas started all look like that).
+    unready_drain_s: float | None = Field(default=1200.0, gt=0, description="a node that was GPU-ready and has been "
+                                          "unready (NotReady, or no GPUs allocatable) this long, continuously, is "
+                                          "drained like an idle node: cordoned, its pods evicted through the Eviction "
+                                          "API (PodDisruptionBudgets hold), deleted only once no pod must move; "
+                                          "never if it is marked scale-down-disabled or do-not-disrupt, or while its "
+                                          "MIG layout is being changed. Counted from when this replica first saw "
+                                          "it unready. null: unready nodes are left alone")
 
 
 class LeaderElectionConfig(LeaseConfig):

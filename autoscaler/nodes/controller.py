@@ -3,20 +3,30 @@ which takes a snapshot, decides, and has the thin Kubernetes shell (`Cluster`) a
 what can have changed since the snapshot:
 
 - a drain is started by a patch conditional on the node's resourceVersion (someone else cordoned it: skipped);
-- a node is deleted only after the node's pods were listed from the apiserver (not the cache) and none must move;
+- a node is deleted only after the node's pods were listed from the apiserver (not the cache) and none must move,
+  whether it was drained or never came up;
 - pods are evicted through the Eviction API (the apiserver enforces PodDisruptionBudgets; 429 is retried later);
 - a MIG config is set only if the node's label is still the one the plan read;
-- before every write, the replica checks that it still holds the lease.
+- before every write, the replica checks that it may still write (`may_act`: it holds the lease for at least the
+  write's request timeout, and is not shutting down); `shutdown()` stops the reconcile and waits for it, so that the
+  lease is released only once no write can start or be in flight.
+
+A node that never became GPU-ready within its group's `max_provision_s` is a failed provision: its group backs off and
+it is deleted (if no pod must move). "Never" is known from the node itself: the first reconcile that sees a node
+GPU-ready writes the annotation `gpuaas.io/gpu-ready-seen`, and pods bound to a node are evidence too. A node in service
+that goes unready (kubelet trouble, a device-plugin restart, a MIG reconfiguration) keeps its pods: it is left alone,
+and after `scale_in.unready_drain_s` drained like an idle node (scalein.Unready).
 
 Order within a reconcile: nodes that never became GPU-ready are removed (their group backs off), scale-out (pods are
 waiting on it), drains in progress go on, then scale-in (skipped in a reconcile that scaled out, as
-cluster-autoscaler does).
+cluster-autoscaler does), then nodes seen GPU-ready for the first time are annotated.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +37,10 @@ from .drain import DeleteNode, DrainAction, Evict, Rollback, Wait, drain_step, e
     start_patch
 from .metrics import Metrics
 from .provider import NodeNotFound, Provider, ProviderError
-from .scalein import Round, must_move, plan_scale_in, update_unneeded
+from .scalein import Round, in_service, must_move, plan_scale_in, update_unneeded, update_unready
 from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
-from .snapshot import DRAIN_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, DrainRecord, Snapshot, pod_info
+from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, DrainRecord, \
+    Snapshot, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
 COMPONENT = "gpuaas-nodescaler"
@@ -43,6 +54,7 @@ class NotLeader(RuntimeError):
 @dataclass
 class Memory:
     unneeded: dict[str, float] = field(default_factory=dict)
+    unready: dict[str, float] = field(default_factory=dict)  # node in service -> since when it is unready
     requested: list[Upcoming] = field(default_factory=list)
     backoff: dict[str, tuple[float, int]] = field(default_factory=dict)  # group -> (until, consecutive failures)
     next_evict: dict[str, float] = field(default_factory=dict)  # node -> earliest next eviction attempt
@@ -60,6 +72,8 @@ class Decision:
     scale_out: ScaleOutPlan = field(default_factory=ScaleOutPlan)
     scale_in: Round | None = None
     unneeded: dict[str, float] = field(default_factory=dict)
+    unready: dict[str, float] = field(default_factory=dict)  # nodes in service that are unready, since when
+    seen_ready: list[str] = field(default_factory=list)  # GPU-ready, not annotated so yet: annotate them
 
 
 def decide(snap: Snapshot, memory: Memory, config: NodeScalerConfig) -> Decision:
@@ -75,7 +89,12 @@ def decide(snap: Snapshot, memory: Memory, config: NodeScalerConfig) -> Decision
             else:
                 d.drains.append(drain_step(n, snap.pods_on(n.name), snap.pdbs, now, config.scale_in))
         group = config.group(n.group)
-        if group is not None and n.booting and n.drain is None and now - n.created > group.max_provision_s:
+        if group is None or n.drain is not None:
+            continue
+        if not n.booting:
+            if n.gpu_ready_seen is None:
+                d.seen_ready.append(n.name)
+        elif now - n.created > group.max_provision_s and not in_service(n, snap.pods_on(n.name)):
             d.failed_nodes.append((n.name, n.group))
     requested = []
     for u in memory.requested:
@@ -86,8 +105,9 @@ def decide(snap: Snapshot, memory: Memory, config: NodeScalerConfig) -> Decision
     if config.scale_out.enabled:
         d.scale_out = plan_scale_out(snap, config, requested=requested, backed_off=backed_off)
     d.unneeded = update_unneeded(memory.unneeded, snap, config)
+    d.unready = update_unready(memory.unready, snap, config)
     if not d.scale_out.acts and not d.failed_nodes:
-        d.scale_in = plan_scale_in(snap, config, d.unneeded)
+        d.scale_in = plan_scale_in(snap, config, d.unneeded, unready=d.unready)
     return d
 
 
@@ -107,13 +127,19 @@ class Cluster(Protocol):
 
 
 class KubeCluster:
-    def __init__(self, api):
+    """`Cluster` on the Kubernetes API. Every call is bounded by `request_timeout` (total seconds), so that a write
+    issued while this replica may act cannot land long after it stopped leading; events, sent from a thread pool, are
+    sent only while `may_act()` still holds."""
+
+    def __init__(self, api, *, request_timeout: float | None = None, may_act: Callable[[], bool] = lambda: True):
         from kubernetes import client
 
         from concurrent.futures import ThreadPoolExecutor
 
         self.core = client.CoreV1Api(api)
         self.api = api
+        self.timeout = request_timeout
+        self.may_act = may_act
         self._recent: dict[tuple, float] = {}
         # Events are records, sent off the reconcile's path so that fifty of them do not delay the next decision.
         self._events = ThreadPoolExecutor(max_workers=4, thread_name_prefix="events")
@@ -124,7 +150,7 @@ class KubeCluster:
         from kubernetes.client.rest import ApiException
 
         try:
-            return json.loads(self.core.read_node(name, _preload_content=False).data)
+            return json.loads(self.core.read_node(name, _preload_content=False, _request_timeout=self.timeout).data)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -135,7 +161,8 @@ class KubeCluster:
 
         try:
             # A JSON merge patch: null removes an annotation, a list replaces the taints (guarded by resourceVersion).
-            self.core.patch_node(name, patch, _content_type="application/merge-patch+json", _preload_content=False)
+            self.core.patch_node(name, patch, _content_type="application/merge-patch+json", _preload_content=False,
+                                 _request_timeout=self.timeout)
             return True
         except ApiException as err:
             if err.status in (404, 409):
@@ -145,14 +172,16 @@ class KubeCluster:
     def pods_on_node(self, name: str) -> list[dict[str, Any]]:
         import json
 
-        resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}", _preload_content=False)
+        resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}", _preload_content=False,
+                                                     _request_timeout=self.timeout)
         return json.loads(resp.data)["items"]
 
     def evict(self, namespace: str, name: str, body: dict[str, Any]) -> str:
         from kubernetes.client.rest import ApiException
 
         try:
-            self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+            self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                     _request_timeout=self.timeout)
             return "evicted"
         except ApiException as err:
             if err.status == 429:
@@ -171,16 +200,23 @@ class KubeCluster:
             self._recent = {k: t for k, t in self._recent.items() if now - t < 300}
         self._events.submit(self._send_event, obj, type_, reason, message)
 
+    def close(self) -> None:
+        """Wait for the events already submitted (each bounded by the request timeout, sent only while allowed)."""
+        self._events.shutdown(wait=True)
+
     def _send_event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
         ts = dt.datetime.now(dt.timezone.utc).isoformat()
         ns = obj.get("namespace") or "default"
+        if not self.may_act():
+            return  # no write once this replica may not act (lease lost or shutting down)
         try:
             self.core.create_namespaced_event(ns, {
                 "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
                 "involvedObject": {k: v for k, v in obj.items() if v},
                 "type": type_, "reason": reason, "message": message[:1024],
                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
-                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}, _preload_content=False)
+                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}, _preload_content=False,
+                _request_timeout=self.timeout)
         except Exception as err:  # an event is a record, never a reason to stop acting
             log.warning("event %s on %s/%s: %s", reason, ns, obj.get("name"), err)
 
@@ -207,6 +243,7 @@ class Report:
     blocked: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
+    marked_ready: list[str] = field(default_factory=list)  # annotated gpuaas.io/gpu-ready-seen
     skipped: list[str] = field(default_factory=list)
     decide_s: float = 0.0
 
@@ -223,18 +260,44 @@ class NodeScaler:
         self.may_act = may_act
         self.wall = wall
         self.memory = Memory()
+        self._stopping = threading.Event()
+        self._acting = threading.Lock()  # held by a reconcile; shutdown() waits for it
+
+    def _may_write(self) -> bool:
+        return not self._stopping.is_set() and self.may_act()
 
     def _check(self) -> None:
-        if not self.may_act():
-            raise NotLeader("lost the lease")
+        """Before every write: a replica that lost the lease, or is shutting down, stops acting at once."""
+        if not self._may_write():
+            raise NotLeader("shutting down" if self._stopping.is_set() else "lost the lease")
+
+    def _event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
+        if self._may_write():
+            self.cluster.event(obj, type_, reason, message)
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop acting: no write starts once this is called, and it returns when no reconcile is running (the writes
+        in flight have ended, each within its request timeout). Call it before releasing the lease. False if a
+        reconcile was still running after `timeout` seconds."""
+        self._stopping.set()
+        if not self._acting.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._acting.release()
+        return True
 
     def run_once(self, now: float, snap: Snapshot | None = None) -> Report:
         """One reconcile at `now` (epoch seconds) on `snap`, or on a snapshot taken now."""
+        with self._acting:
+            return self._run_once(now, snap)
+
+    def _run_once(self, now: float, snap: Snapshot | None) -> Report:
         t0 = time.perf_counter()
         snap = self.snapshot(now) if snap is None else snap
         decision = decide(snap, self.memory, self.config)
         report = Report(now, decide_s=time.perf_counter() - t0)
+        newly_unready = sorted(set(decision.unready) - set(self.memory.unready))
         self.memory.unneeded = decision.unneeded
+        self.memory.unready = decision.unready
         self._gauges(snap)
         if self.config.dry_run:
             log.info("dry run: %s", decision)
@@ -246,8 +309,15 @@ class NodeScaler:
             self._drains(snap, decision, report)
             if decision.scale_in is not None:
                 self._scale_in(snap, decision.scale_in, report)
-        except NotLeader:
-            log.warning("lost the lease in the middle of a reconcile; stopped acting")
+            self._mark_seen_ready(decision.seen_ready, report)
+            window = self.config.scale_in.unready_drain_s
+            for node in newly_unready:
+                state = "no GPUs allocatable" if snap.nodes[node].ready else "NotReady"
+                self._event(node_ref(node), "Warning", "NodeUnready",
+                            f"node {node} was GPU-ready and is not ({state}); its pods stay"
+                            + (f"; drained if still unready after {window:.0f}s" if window else ""))
+        except NotLeader as err:
+            log.warning("stopped acting in the middle of a reconcile: %s", err)
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - t0)
         return report
@@ -275,7 +345,7 @@ class NodeScaler:
             if outcome == "evicted":
                 report.evicted.append(pod.key)
                 self.memory.evicted[pod.uid] = now
-                self.cluster.event(pod_ref(pod.key, pod.uid), "Normal", "ScaleDown",
+                self._event(pod_ref(pod.key, pod.uid), "Normal", "ScaleDown",
                                    f"evicted by {COMPONENT}: node {action.node} is being removed")
             elif outcome == "blocked":
                 blocked += 1
@@ -287,12 +357,23 @@ class NodeScaler:
             self.memory.next_evict[action.node] = self.wall() + self.config.scale_in.eviction_retry_s
 
     def _delete_drained(self, action: DeleteNode, report: Report) -> None:
+        self._delete_if_empty(action.node, action.group, "drained", report)
+
+    def _delete_if_empty(self, node: str, group: str, reason: str, report: Report) -> None:
         # Re-validate from the apiserver, not the cache: nothing that must move may be on the node.
-        left = must_move([pod_info(p) for p in self.cluster.pods_on_node(action.node)])
+        left = must_move([pod_info(p) for p in self.cluster.pods_on_node(node)])
         if left:
-            report.skipped.append(f"{action.node}: {len(left)} pods appeared (e.g. {left[0].key}); not deleting")
+            report.skipped.append(f"{node}: {len(left)} pods appeared (e.g. {left[0].key}); not deleting")
             return
-        self._delete(action.node, action.group, "drained", report)
+        self._delete(node, group, reason, report)
+
+    def _mark_seen_ready(self, nodes: list[str], report: Report) -> None:
+        """Record on each node that it has been GPU-ready (once per node: a merge patch of one annotation)."""
+        for node in nodes:
+            self._check()
+            if self.cluster.patch_node(node, {"metadata": {"annotations": {
+                    GPU_READY_SEEN_ANNOTATION: f"{self.wall():.3f}"}}}):
+                report.marked_ready.append(node)
 
     def _delete(self, node: str, group_name: str, reason: str, report: Report) -> None:
         group = self.config.group(group_name)
@@ -311,7 +392,7 @@ class NodeScaler:
         self.memory.next_evict.pop(node, None)
         self.metrics.decisions.labels("node_delete", reason).inc()
         self.metrics.nodes_removed.labels(group_name, reason).inc()
-        self.cluster.event(node_ref(node), "Normal", "NodeRemoved", f"{COMPONENT} removed node {node} ({reason})")
+        self._event(node_ref(node), "Normal", "NodeRemoved", f"{COMPONENT} removed node {node} ({reason})")
 
     def _rollback(self, node: str, why: str, report: Report) -> None:
         obj = self.cluster.get_node(node)
@@ -323,7 +404,7 @@ class NodeScaler:
             report.rolled_back.append(node)
             self.memory.next_evict.pop(node, None)
             self.metrics.decisions.labels("drain_rollback", "done").inc()
-            self.cluster.event(node_ref(node), "Warning", "DrainRolledBack", f"drain rolled back: {why}")
+            self._event(node_ref(node), "Warning", "DrainRolledBack", f"drain rolled back: {why}")
 
     # -- nodes that never came up ------------------------------------------------------------------------------------
     def _failed(self, d: Decision, report: Report) -> None:
@@ -339,9 +420,9 @@ class NodeScaler:
         expired = {u.name for u in d.expired}
         self.memory.requested = [u for u in self.memory.requested if u.name not in expired]
         for node, group in d.failed_nodes:
-            self.cluster.event(node_ref(node), "Warning", "ProvisioningFailed",
-                               f"GPUs not allocatable within max_provision_s; group {group} backs off")
-            self._delete(node, group, "provisioning-failed", report)
+            self._event(node_ref(node), "Warning", "ProvisioningFailed",
+                        f"never GPU-ready within max_provision_s; group {group} backs off")
+            self._delete_if_empty(node, group, "provisioning-failed", report)
 
     # -- scale-out ---------------------------------------------------------------------------------------------------
     def _scale_out(self, snap: Snapshot, plan: ScaleOutPlan, report: Report) -> None:
@@ -373,19 +454,19 @@ class NodeScaler:
         # Events after the actions: they are records, not on the latency path.
         for g in plan.grows:
             for key in g.pods:
-                self.cluster.event(pod_ref(key), "Normal", "TriggeredScaleUp",
+                self._event(pod_ref(key), "Normal", "TriggeredScaleUp",
                                    f"pod triggered scale-up: group {g.group} +{g.count} node(s)")
         for m in plan.mig:
             for key in m.pods:
-                self.cluster.event(pod_ref(key), "Normal", "TriggeredMigRepartition",
+                self._event(pod_ref(key), "Normal", "TriggeredMigRepartition",
                                    f"node {m.node} is being repartitioned to {m.config} for this pod")
         self.metrics.decisions.labels("wait_upcoming", "pods").inc(len(plan.wait_upcoming))
         self.metrics.decisions.labels("not_triggered", "pods").inc(len(plan.unplaceable))
         for key in plan.wait_upcoming:
-            self.cluster.event(pod_ref(key), "Normal", "WaitingForNode",
+            self._event(pod_ref(key), "Normal", "WaitingForNode",
                                "fits on a node being provisioned or repartitioned; no new scale-up for it")
         for key, why in plan.unplaceable.items():
-            self.cluster.event(pod_ref(key), "Normal", "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}")
+            self._event(pod_ref(key), "Normal", "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}")
 
     def _set_mig(self, m: SetMigConfig, report: Report) -> None:
         obj = self.cluster.get_node(m.node)
@@ -401,7 +482,7 @@ class NodeScaler:
         if self.cluster.patch_node(m.node, patch):
             report.mig.append((m.node, m.config))
             self.metrics.decisions.labels("mig_repartition", "done").inc()
-            self.cluster.event(node_ref(m.node), "Normal", "MigRepartition",
+            self._event(node_ref(m.node), "Normal", "MigRepartition",
                                f"{MIG_CONFIG_LABEL} {labels.get(MIG_CONFIG_LABEL)} -> {m.config} for "
                                f"{len(m.pods)} pending pods")
 
@@ -425,7 +506,7 @@ class NodeScaler:
                 continue
             report.drains_started.append(cmd.node)
             self.metrics.decisions.labels("drain_start", cmd.method).inc()
-            self.cluster.event(node_ref(cmd.node), "Normal", "ScaleDown",
+            self._event(node_ref(cmd.node), "Normal", "ScaleDown",
                                f"draining node {cmd.node} (drain {record.id}): {record.reason}")
 
     def _gauges(self, snap: Snapshot) -> None:
@@ -433,7 +514,9 @@ class NodeScaler:
         for g in self.config.groups:
             nodes = snap.group_nodes(g.name)
             self.metrics.group_size.labels(g.name, "draining").set(sum(1 for n in nodes if n.drain is not None))
-            self.metrics.group_size.labels(g.name, "booting").set(sum(1 for n in nodes if n.booting))
+            unready = sum(1 for n in nodes if n.name in self.memory.unready)
+            self.metrics.group_size.labels(g.name, "unready").set(unready)
+            self.metrics.group_size.labels(g.name, "booting").set(sum(1 for n in nodes if n.booting) - unready)
             self.metrics.group_size.labels(g.name, "ready").set(
                 sum(1 for n in nodes if not n.booting and n.drain is None))
             self.metrics.backoff.labels(g.name).set(1 if g.name in self.memory.backed_off(snap.now) else 0)

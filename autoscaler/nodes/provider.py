@@ -79,12 +79,19 @@ def render_node(group: NodeGroupConfig, name: str, now: float) -> dict[str, Any]
 
 
 class KwokProvider:
-    def __init__(self, api, *, clock: Callable[[], float] = time.time, workers: int = 16):
+    """Nodes as Node objects played by kwok. Each create and delete is bounded by `request_timeout` (total seconds)
+    and starts only while `may_act()` holds (the replica leads for at least that long), as the controller's own
+    writes do."""
+
+    def __init__(self, api, *, clock: Callable[[], float] = time.time, workers: int = 16,
+                 request_timeout: float | None = None, may_act: Callable[[], bool] = lambda: True):
         from kubernetes import client
 
         self.core = client.CoreV1Api(api)
         self.clock = clock
         self.workers = workers
+        self.timeout = request_timeout
+        self.may_act = may_act
 
     def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
         from kubernetes.client.rest import ApiException
@@ -94,8 +101,12 @@ class KwokProvider:
         errors: list[str] = []
 
         def create(name: str) -> None:
+            if not self.may_act():
+                errors.append(f"{name}: not created, this replica may not act any more")
+                return
             try:
-                self.core.create_node(render_node(group, name, now), _preload_content=False)
+                self.core.create_node(render_node(group, name, now), _preload_content=False,
+                                      _request_timeout=self.timeout)
             except ApiException as err:
                 errors.append(f"{name}: {err.status} {err.reason}")
 
@@ -108,8 +119,10 @@ class KwokProvider:
     def delete_node(self, group: NodeGroupConfig, name: str) -> None:
         from kubernetes.client.rest import ApiException
 
+        if not self.may_act():
+            raise ProviderError(f"not deleting node {name}: this replica may not act any more")
         try:
-            self.core.delete_node(name, _preload_content=False)
+            self.core.delete_node(name, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as err:
             if err.status == 404:
                 raise NodeNotFound(f"node {name} is already gone") from None

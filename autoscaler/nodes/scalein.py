@@ -5,6 +5,10 @@ A node is a candidate when it belongs to a configured group above its min_size, 
 or `karpenter.sh/do-not-disrupt`, and its GPU requests have stayed below `utilization_threshold` of its GPUs for
 `unneeded_s` (GPU only, as cluster-autoscaler judges GPU nodes: a CPU pod does not keep a GPU node alive).
 
+A node in service (GPU-ready once, or with pods bound) that has been unready for `unready_drain_s` is drained too, as
+cluster-autoscaler treats long-unready nodes: through the same cordon, Eviction API and re-checked delete as an idle
+node, never deleted with pods bound. Until then it is left alone with its pods.
+
 Each disruption method is a small type behind `Method`, tried in order (`METHODS`); each returns `DrainCommand`s, data
 the executor re-validates before acting. A command's pods are those that must move; the method has checked that each
 may be evicted and that the rest of the cluster has room for them (the extender's placement code on a copy of the
@@ -36,6 +40,12 @@ class DrainCommand:
 def must_move(pods: Sequence[PodInfo]) -> list[PodInfo]:
     """The pods that have to leave before the node may go: everything holding resources but DaemonSet and static pods."""
     return [p for p in pods if p.holds and not p.daemon]
+
+
+def in_service(node: NodeInfo, pods: Sequence[PodInfo]) -> bool:
+    """The node has been in service: gpuaas saw it GPU-ready (the annotation it writes then), or pods that are not
+    DaemonSet or static pods are bound to it. Such a node is never a failed provision, whatever its state now."""
+    return node.gpu_ready_seen is not None or bool(must_move(pods))
 
 
 def eviction_blocker(pod: PodInfo, pdbs: Sequence[PdbInfo], *, check_budget: bool = True) -> str | None:
@@ -75,6 +85,19 @@ def update_unneeded(previous: Mapping[str, float], snap: Snapshot, config: NodeS
     return out
 
 
+def update_unready(previous: Mapping[str, float], snap: Snapshot, config: NodeScalerConfig) -> dict[str, float]:
+    """Since when each node in service has been unready (NotReady or no GPUs allocatable), continuously; dropped as
+    soon as it is GPU-ready again. Nodes whose MIG layout is being changed are not counted (their GPUs come back when
+    the MIG manager is done), nor nodes being drained."""
+    out = {}
+    for n in snap.nodes.values():
+        if config.group(n.group) is None or n.drain is not None or not n.booting or n.mig_pending:
+            continue
+        if in_service(n, snap.pods_on(n.name)):
+            out[n.name] = previous.get(n.name, snap.now)
+    return out
+
+
 @dataclass
 class Round:
     """What one scale-in round has decided so far: methods see the drains already chosen."""
@@ -87,6 +110,7 @@ class Round:
     taken: set[str] = field(default_factory=set)
     commands: list[DrainCommand] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # candidate -> why not
+    unready: Mapping[str, float] = field(default_factory=dict)  # nodes in service unready, since when
 
     def __post_init__(self) -> None:
         self.state = self.snap.state.copy()
@@ -144,6 +168,42 @@ class Method(Protocol):
         """Add the drains this method wants to `r` (r.take), within r.budget."""
 
 
+class Unready:
+    """Nodes in service that stayed unready for `unready_drain_s`: drained so that their pods run elsewhere (they do
+    not run where they are). No room check: evicted pods that fit nowhere are pending, and scale-out serves them."""
+
+    name = "Unready"
+
+    def compute(self, r: Round) -> None:
+        window = r.config.scale_in.unready_drain_s
+        if window is None:
+            return
+        for name, since in sorted(r.unready.items(), key=lambda kv: (kv[1], kv[0])):
+            n = r.snap.nodes.get(name)
+            if r.budget <= 0:
+                return
+            if n is None or n.drain is not None or name in r.taken or r.snap.now - since < window:
+                continue
+            if n.scale_down_disabled:
+                r.skipped[name] = "unready, but marked scale-down-disabled or do-not-disrupt"
+                continue
+            if n.unschedulable:
+                r.skipped[name] = "unready, and cordoned by someone else"
+                continue
+            group = r.config.group(n.group)
+            if group is None or r.group_left.get(n.group, 0) <= 0:
+                r.skipped[name] = f"unready, but group {n.group} is at its min_size"
+                continue
+            movers = must_move(r.snap.pods_on(name))
+            blockers = [b for p in movers if (b := eviction_blocker(p, r.snap.pdbs, check_budget=False))]
+            if blockers:
+                r.skipped[name] = f"unready, but {blockers[0]}"
+                continue
+            r.take(DrainCommand(name, n.group, self.name, tuple(p.key for p in movers),
+                                f"unready for {r.snap.now - since:.0f}s (unready_drain_s {window:.0f}); "
+                                f"{len(movers)} pods to move"))
+
+
 class Emptiness:
     """Nodes with nothing that must move: removed without evicting anything (in bulk)."""
 
@@ -192,19 +252,21 @@ class Underutilized:
 
 # Tried in order; the first methods are the cheapest disruptions.
 METHODS: tuple[Method, ...] = (
+    Unready(),        # capacity that does not work: its pods are not running well where they are
     Emptiness(),      # nothing to evict: no disruption at all
     Underutilized(),  # pods move elsewhere, PDBs enforced by the Eviction API
 )
 
 
 def plan_scale_in(snap: Snapshot, config: NodeScalerConfig, unneeded: Mapping[str, float],
-                  methods: Sequence[Method] = METHODS) -> Round:
+                  methods: Sequence[Method] = METHODS, unready: Mapping[str, float] | None = None) -> Round:
     draining = sum(1 for n in snap.nodes.values() if n.drain is not None)
     group_left = {}
     for g in config.groups:
         live = [n for n in snap.group_nodes(g.name) if n.drain is None]
         group_left[g.name] = len(live) - g.min_size
-    r = Round(snap, config, unneeded, group_left, budget=config.scale_in.max_concurrent_drains - draining)
+    r = Round(snap, config, unneeded, group_left, budget=config.scale_in.max_concurrent_drains - draining,
+              unready=unready or {})
     if not config.scale_in.enabled or r.budget <= 0:
         return r
     for m in methods:

@@ -29,6 +29,10 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+# When the node scaler first saw the node GPU-ready (epoch seconds). Written once per node, so that any replica, after
+# any restart, tells a node that never came up (a failed provision: deleted) from one in service that went unready
+# (kept, and drained only through the PDB-respecting path): nothing else on a Node records that it was ever ready.
+GPU_READY_SEEN_ANNOTATION = "gpuaas.io/gpu-ready-seen"
 
 
 def parse_time(value: str | None) -> float | None:
@@ -78,9 +82,11 @@ class NodeInfo:
     memory_mib: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    gpu_ready_seen: float | None = None  # GPU_READY_SEEN_ANNOTATION: when gpuaas first saw it GPU-ready
 
     @property
     def booting(self) -> bool:
+        """Not able to take GPU pods now: not Ready, or no GPUs allocatable (never up yet, or gone unready)."""
         return not self.ready or not self.gpu_ready
 
     @property
@@ -192,6 +198,10 @@ def node_info(node: Obj) -> NodeInfo:
     except ObjectError:
         cpu = mem = 0
     drain = DrainRecord.from_json(ann[DRAIN_ANNOTATION]) if DRAIN_ANNOTATION in ann else None
+    try:
+        seen = float(ann[GPU_READY_SEEN_ANNOTATION]) if GPU_READY_SEEN_ANNOTATION in ann else None
+    except ValueError:
+        seen = 0.0  # present but unreadable: it was written, so the node was ready once
     return NodeInfo(
         name=meta["name"], group=labels.get(POOL_LABEL, ""), created=parse_time(meta.get("creationTimestamp")) or 0.0,
         ready=conds.get("Ready") == "True", gpus=gpus, gpu_ready=gpus == 0 or _allocatable_gpus(node) > 0,
@@ -199,7 +209,7 @@ def node_info(node: Obj) -> NodeInfo:
         scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
         mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
         product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels),
-        taints=node_taints(node))
+        taints=node_taints(node), gpu_ready_seen=seen)
 
 
 def pod_info(pod: Obj) -> PodInfo:

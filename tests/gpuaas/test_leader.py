@@ -97,6 +97,26 @@ def test_a_leader_that_cannot_renew_stops_leading_before_the_lease_runs_out_for_
     assert not a.is_leader()
 
 
+def test_a_write_may_start_only_while_the_lease_holds_for_its_whole_request_timeout():
+    # Issue 13, defect 2: a write issued just before the renew deadline could land after a successor took over. The
+    # timeout of a leader's writes is half of what is left of the deadline just before a renewal: (10 - 2) / 2 = 4 s.
+    store, clock = FakeCoordination(), {"t": 0.0}
+    a = elector(store, "a", clock)
+    assert a.write_timeout == 4.0 and not a.may_write()  # not leading yet
+    assert a.try_acquire_or_renew()  # renewal started at t=0: leads until t=10 without another
+    clock["t"] = 5.9
+    assert a.valid_for() == pytest.approx(4.1) and a.may_write()
+    clock["t"] = 6.1  # still leader, but a 4 s write started now could end at 10.1, past the deadline
+    assert a.is_leader() and not a.may_write() and a.may_write(3.0)
+    clock["t"] = 8.0
+    assert a.try_acquire_or_renew() and a.may_write()  # renewed: 10 s again
+    # A healthy leader renews every retry period: just before the next renewal 10 - 2 = 8 s remain, twice the timeout.
+    clock["t"] = 8.0 + 2.0
+    assert a.valid_for() == pytest.approx(8.0) and a.may_write()
+    a.release()
+    assert not a.may_write() and a.valid_for() == 0.0
+
+
 def test_racing_writers_one_wins_by_resource_version():
     store, clock = FakeCoordination(), {"t": 0.0}
     a, b = elector(store, "a", clock), elector(store, "b", clock)
