@@ -366,18 +366,19 @@ def _container_requests(container: Any, where: str, field: str, i: int) -> list[
     if type(container) is not dict:  # exact-type checks first: this runs once per container, thousands per pod
         _map(container, f"{where}: spec.{field}[{i}]")
     res = container.get("resources")
-    if not res:
+    if res is None:
         return []
     if type(res) is not dict:
         res = _map(res, f"{where}: spec.{field}[{i}].resources")
     limits, requests = res.get("limits"), res.get("requests")
-    if limits and requests:  # Extended resources may be given as limits only; Kubernetes copies them to requests.
+    if limits is not None and requests is not None:
+        # Extended resources may be given as limits only; Kubernetes copies them to requests.
         merged = {**_map(limits, f"{where}: spec.{field}[{i}].resources.limits"),
                   **_map(requests, f"{where}: spec.{field}[{i}].resources.requests")}
     else:
-        merged = limits or requests or {}
+        merged = limits if requests is None else requests
         if type(merged) is not dict:
-            merged = _map(merged, f"{where}: spec.{field}[{i}].resources.{'limits' if limits else 'requests'}")
+            merged = _map(merged, f"{where}: spec.{field}[{i}].resources.{'requests' if limits is None else 'limits'}")
     out = []
     for k, v in merged.items():
         try:

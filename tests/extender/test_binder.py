@@ -49,3 +49,12 @@ def test_bindings_reuse_one_connection_and_carry_the_devices():
     assert all(b["kind"] == "Binding" and b["target"]["kind"] == "Node" for b in seen)
     # A reply left unread makes aiohttp close the connection: each Binding would then pay a new TCP/TLS handshake.
     assert len(peers) == 1
+
+
+def test_pod_paths_are_built_from_quoted_segments():
+    from extender.binder import pod_path
+
+    # The wire refuses such names (scoring.names); were one to get through, it stays one path segment.
+    assert pod_path("ml", "p", "binding") == "/api/v1/namespaces/ml/pods/p/binding"
+    assert pod_path("a/../..", "x?resourceVersion=0") == \
+        "/api/v1/namespaces/a%2F..%2F../pods/x%3FresourceVersion%3D0"

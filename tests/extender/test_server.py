@@ -153,6 +153,14 @@ def test_bind_in_snapshot_mode_reports_an_error_and_releases_the_gpus():
     assert after["NodeNames"] == ["a100-0000"]  # the failed bind did not keep the GPUs
 
 
+def with_spec(**spec):
+    return pending("p", gpus=1) | {"spec": spec}
+
+
+def with_requests(requests):
+    return with_spec(containers=[{"name": "c", "resources": {"requests": requests}}])
+
+
 BAD_REQUESTS = {
     "malformed-json": (b'{"Pod": {', 400, "not JSON"),
     "empty-body": (b"", 400, "empty"),
@@ -164,7 +172,44 @@ BAD_REQUESTS = {
         "'lots' is not a Kubernetes quantity"),
     "unknown-nodes": ({"Pod": pending("p", gpus=1), "NodeNames": ["ghost-1", "ghost-2"]}, 422,
                       "none of the 2 node names is known to gpuaas"),
+    # Defect 6: each of these was a 500 with a traceback.
+    "containers-not-a-list": ({"Pod": with_spec(containers="x"), "NodeNames": []}, 400,
+                              "spec.containers: must be a list, got str"),
+    "container-not-an-object": ({"Pod": with_spec(containers=[1]), "NodeNames": []}, 400,
+                                "spec.containers[0]: must be an object"),
+    "requests-not-an-object": ({"Pod": with_requests([]), "NodeNames": []}, 400, "resources.requests: must be an object"),
+    "node-item-without-name": ({"Pod": pending("p", gpus=1), "Nodes": {"items": [{"metadata": {}}]}}, 400,
+                               "Nodes.items[0].metadata.name is required"),
+    "node-item-not-an-object": ({"Pod": pending("p", gpus=1), "Nodes": {"items": ["a100-0000"]}}, 400,
+                                "Nodes.items[0].metadata.name is required"),
+    "quantity-infinity": ({"Pod": with_requests({"cpu": "Infinity"}), "NodeNames": []}, 400,
+                          "cpu: 'Infinity' is not a Kubernetes quantity"),
+    "quantity-nan": ({"Pod": with_requests({"nvidia.com/gpu": "NaN"}), "NodeNames": []}, 400,
+                     "nvidia.com/gpu: 'NaN' is not a Kubernetes quantity"),
+    "quantity-huge-exponent": ({"Pod": with_requests({"memory": "1e999999999"}), "NodeNames": []}, 400,
+                               "larger than 9223372036854775807"),
+    "quantity-5000-digits": ({"Pod": with_requests({"cpu": "9" * 5000}), "NodeNames": []}, 400,
+                             "(5002 characters) is not a Kubernetes quantity: larger than"),
+    "quantity-underscore": ({"Pod": with_requests({"cpu": "1_000"}), "NodeNames": []}, 400,
+                            "'1_000' is not a Kubernetes quantity"),
+    "quantity-not-a-string": ({"Pod": with_requests({"cpu": [1]}), "NodeNames": []}, 400,
+                              "must be a quantity string or a number, got list"),
+    # Defect 12: a negative request was read as 0.
+    "quantity-negative": ({"Pod": with_requests({"nvidia.com/gpu": "-2"}), "NodeNames": names()}, 400,
+                          "nvidia.com/gpu: '-2' must be non-negative"),
+    "annotations-not-an-object": ({"Pod": pending("p", gpus=1) | {"metadata": {"name": "p", "annotations": "x"}},
+                                   "NodeNames": []}, 400, "metadata.annotations: must be an object"),
+    "affinity-values-not-strings": ({"Pod": with_spec(affinity={"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": [{"x": 1}]}]}]}}}), "NodeNames": []}, 400,
+        "matchExpressions[0].values: must be a string"),
+    "too-many-containers": ({"Pod": with_spec(containers=[{"name": f"c{i}"} for i in range(10_001)]),
+                             "NodeNames": []}, 400, "10001 containers and init containers, more than the 10000"),
+    # Defect 4: names that are not Kubernetes names never reach the model or a URL.
+    "pod-name-with-a-path": ({"Pod": pending("p", gpus=1) | {"metadata": {"name": "x/../../nodes/n"}},
+                              "NodeNames": []}, 400, "Pod.metadata.name: 'x/../../nodes/n' is not a DNS-1123"),
 }
+
 
 
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
@@ -283,3 +328,103 @@ def test_a_serving_process_builds_the_model_and_freezes_the_heap_once_synced():
         gc.unfreeze()  # a test process builds many apps: give their objects back to the collector
     assert view.state is not None and len(view.state) == len(nodes())
     assert frozen and frozen > 0
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("PodName", "x/../../nodes/a100-0000", "PodName: 'x/../../nodes/a100-0000' is not a DNS-1123 subdomain"),
+    ("PodNamespace", "ml?resourceVersion=0", "PodNamespace: 'ml?resourceVersion=0' is not a DNS-1123 label"),
+    ("PodNamespace", "a" * 64, "PodNamespace: must be at most 63 characters"),
+    ("Node", "a100-0000/../x", "Node: 'a100-0000/../x' is not a DNS-1123 subdomain"),
+    ("PodUID", "uid/../x", "PodUID: String should match pattern"),
+])
+def test_bind_refuses_names_kubernetes_would_not_accept_before_any_lookup(field, value, message):
+    """Defect 4: names from the body went unescaped into the apiserver's URLs (a path up to a node, a query)."""
+    looked_up = []
+    items = nodes() + [pending("p", gpus=1)]
+    app = snapshot_app(ExtenderConfig(), items)
+    from extender.server import SERVICE
+    lookup = app[SERVICE].pod_lookup
+
+    async def recording_lookup(namespace, name):
+        looked_up.append((namespace, name))
+        return await lookup(namespace, name)
+
+    app[SERVICE].pod_lookup = recording_lookup
+    args = {"PodName": "p", "PodNamespace": "ml", "PodUID": "uid-p", "Node": "a100-0000"} | {field: value}
+
+    async def go():
+        async with TestClient(TestServer(app)) as c:
+            return await post(c, "/bind", args)
+
+    status, body = run(go())
+    assert status == 400 and message in body["error"], body
+    assert looked_up == []
+
+
+def test_explain_refuses_names_kubernetes_would_not_accept():
+    async def go():
+        async with client(nodes() + [pending("p", gpus=1)]) as c:
+            out = []
+            for pod, node in [("ml/../x", "a100-0000"), ("a/b/c", "a100-0000"), ("ml/p", "A100?x=1"), ("ml/p", "")]:
+                resp = await c.get("/explain", params={"pod": pod, "node": node})
+                out.append((resp.status, (await resp.json())["error"]))
+            good = await c.get("/explain", params={"pod": "ml/p", "node": "a100-0000"})
+            return out, good.status
+
+    out, good = run(go())
+    assert [s for s, _ in out] == [400, 400, 400, 400]
+    assert "pod namespace: 'ml/..' is not a DNS-1123 label" in out[0][1]
+    assert "pod namespace: 'a/b' is not a DNS-1123 label" in out[1][1]
+    assert "node: 'A100?x=1' is not a DNS-1123 subdomain" in out[2][1]
+    assert good == 200
+
+
+def test_a_body_that_is_not_the_gzip_it_claims_gets_400_and_the_next_request_is_served():
+    async def go():
+        async with client() as c:
+            bad = await c.post("/filter", data=b"\x1f\x8b not gzip at all",
+                               headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            bad_body = await bad.json()
+            good = await post(c, "/filter", {"Pod": pending("p", gpus=1), "NodeNames": names()})
+            return bad.status, bad_body, good
+
+    status, body, (good_status, good_body) = run(go())
+    assert status == 400 and "request body cannot be read" in body["error"]
+    assert good_status == 200 and good_body["NodeNames"]
+
+
+def test_duplicate_node_names_are_answered_once():
+    node_list = {"kind": "NodeList", "items": [n for n in nodes() if n["metadata"]["name"] == "a100-0001"] * 2}
+
+    async def go():
+        async with client() as c:
+            by_name = await post(c, "/filter", {"Pod": pending("p", gpus=1),
+                                                "NodeNames": ["a100-0000", "a100-0000", "cpu-0000", "cpu-0000"]})
+            by_object = await post(c, "/filter", {"Pod": pending("p", gpus=1), "Nodes": node_list})
+            scored = await post(c, "/prioritize", {"Pod": pending("p", gpus=1),
+                                                   "NodeNames": ["a100-0000", "h100-0000", "a100-0000"]})
+            return by_name[1], by_object[1], scored[1]
+
+    by_name, by_object, scored = run(go())
+    assert by_name["NodeNames"] == ["a100-0000"] and list(by_name["FailedAndUnresolvableNodes"]) == ["cpu-0000"]
+    assert [n["metadata"]["name"] for n in by_object["Nodes"]["items"]] == ["a100-0001"]
+    assert [h["Host"] for h in scored] == ["a100-0000", "h100-0000"]
+
+
+def test_a_node_with_an_unreadable_label_is_unresolvable_and_the_rest_are_served():
+    """Defect 6: nvidia.com/gpu.replicas "Infinity" ended in an OverflowError (a 500, or no app at all)."""
+    odd = nodes()
+    odd[0]["metadata"]["labels"]["nvidia.com/gpu.replicas"] = "Infinity"
+    odd[1]["metadata"]["labels"]["nvidia.com/gpu.count"] = "1e999999999"
+    odd[2]["status"]["allocatable"]["memory"] = "-1Gi"
+
+    async def go():
+        async with client(odd) as c:
+            return await post(c, "/filter", {"Pod": pending("p", gpus=1), "NodeNames": names()})
+
+    status, body = run(go())
+    failed = body["FailedAndUnresolvableNodes"]
+    assert status == 200 and body["NodeNames"] == ["h100-0000", "h100-0001"]
+    assert "label nvidia.com/gpu.replicas: 'Infinity' is not a whole number" in failed["a100-0000"]
+    assert "label nvidia.com/gpu.count: '1e999999999' is not a whole number" in failed["a100-0001"]
+    assert "allocatable memory: '-1Gi' must be non-negative" in failed["a100-0002"]
