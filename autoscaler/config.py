@@ -15,7 +15,8 @@ field). A YAML file:
         queries: {}                # PromQL templates; the defaults below fit vLLM plus the gpuaas gateway counters
 
 Query templates are formatted with {namespace}, {deployment}, {pods} (a regex alternation of the target's pod names)
-and the windows {rate_window}, {short_rate_window}, {service_window}.
+and the windows {rate_window}, {short_rate_window}, {service_window}. The names are Kubernetes names (checked here) and
+are escaped as PromQL string contents besides (autoscaler/prom.py), so a template writes them between double quotes.
 """
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpuaas.config import M, ConfigError, load_config, validate  # noqa: F401 (ConfigError: part of this module's API)
 from gpuaas.leader import LeaderElectionConfig
+from scoring.names import dns1123_label, dns1123_subdomain
 
 from .policy import QueueDepthConfig
+from .prom import escape_label_value, regex_alternation
 
 DEFAULT_QUERIES = {
     "queue_per_pod": 'sum by (pod) (vllm:num_requests_waiting{{namespace="{namespace}",pod=~"{pods}"}})',
@@ -45,7 +48,6 @@ DEFAULT_QUERIES = {
 PLACEHOLDERS = {"namespace", "deployment", "pods", "rate_window", "short_rate_window", "service_window"}
 REQUIRED_QUERIES = ("queue_per_pod", "arrival_rate")
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class Strict(BaseModel):
@@ -80,8 +82,8 @@ class Windows(Strict):
 
 
 class Target(Strict):
-    deployment: str = Field(description="Deployment to scale, through its scale subresource")
-    namespace: str = Field("default", description="namespace of the Deployment")
+    deployment: str = Field(description="Deployment to scale, through its scale subresource (a DNS-1123 subdomain)")
+    namespace: str = Field("default", description="namespace of the Deployment (a DNS-1123 label)")
     min_replicas: int = Field(1, ge=0, description="fewest replicas; at most max_replicas")
     max_replicas: int = Field(100, ge=1, description="most replicas")
     concurrency: int = Field(8, ge=1, description="requests one replica serves at once")
@@ -102,12 +104,15 @@ class Target(Strict):
     queries: dict[str, str] = Field(default_factory=dict, description="PromQL templates that replace the defaults "
                                     "listed below, by name; \"\" switches an optional one off")
 
-    @field_validator("deployment", "namespace")
+    @field_validator("deployment")
     @classmethod
-    def _name(cls, v: str) -> str:
-        if not DNS_LABEL.match(v):
-            raise ValueError(f"must be a Kubernetes name (lowercase letters, digits, '-'), got {v!r}")
-        return v
+    def _deployment(cls, v: str) -> str:
+        return dns1123_subdomain(v, "deployment")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return dns1123_label(v, "namespace")
 
     @field_validator("queries")
     @classmethod
@@ -140,9 +145,9 @@ class Target(Strict):
         template = self.queries.get(name, DEFAULT_QUERIES[name])
         if not template:  # an optional query switched off with ""
             return None
-        return template.format(namespace=self.namespace, deployment=self.deployment,
-                               pods="|".join(p.replace(".", "\\\\.") for p in pods) or "^$",
-                               **self.windows.model_dump())
+        return template.format(namespace=escape_label_value(self.namespace),
+                               deployment=escape_label_value(self.deployment),
+                               pods=escape_label_value(regex_alternation(pods)), **self.windows.model_dump())
 
     def policy_config(self, sync_period_s: float) -> QueueDepthConfig:
         return QueueDepthConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas,

@@ -10,6 +10,11 @@ way an aggregated API server authenticates kube-apiserver; /healthz, /livez and 
 `Authorizer` (gpuaas/authz.py), it asks kube-apiserver whether the user the aggregator names in X-Remote-User may
 make the request (a SubjectAccessReview, cached briefly): 403 naming the user and the permission if not.
 
+A metric path is read once, decoded (aiohttp's match_info: `%2F` is '/'), into a `MetricRequest` whose namespace and
+name are checked as Kubernetes checks them (400 naming the field otherwise); that one value is what the
+SubjectAccessReview asks about and what the queries use, so the two cannot read a path differently. Every value that
+goes into PromQL is escaped as a PromQL string (autoscaler/prom.py) besides.
+
 The handlers are thin: parse the path, call the pure builders (`resource_list`, `metric_value_list`) over the answers of
 a `Backend` (Prometheus + the pod list), and map errors to a Kubernetes `Status` in one place (`_serve`). A bad request
 gets a 4xx naming what is wrong; Prometheus down gets a 503; the server keeps serving.
@@ -27,9 +32,11 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gpuaas.authz import USER_HEADER, Authorizer, ReviewFailed, forbidden_message, request_attributes, user_from_headers
+from gpuaas.authz import (USER_HEADER, Attributes, Authorizer, ReviewFailed, forbidden_message, request_attributes,
+                          user_from_headers)
+from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
 from .config import MetricsApiConfig, MetricRule
-from .prom import BadQuery, MetricsError, Prometheus, PrometheusUnavailable
+from .prom import BadQuery, MetricsError, Prometheus, PrometheusUnavailable, escape_label_value
 
 log = logging.getLogger("gpuaas.metrics_api")
 
@@ -160,7 +167,7 @@ class Backend:
     def per_pod(self, namespace: str, metric: str) -> dict[str, float]:
         rule = self.rule(metric)
         try:
-            samples = self.prom.query(f'sum by (pod) ({rule.series}{{namespace="{namespace}"}})')
+            samples = self.prom.query(f'sum by (pod) ({rule.series}{{namespace="{escape_label_value(namespace)}"}})')
         except PrometheusUnavailable as exc:
             raise ApiError(503, "ServiceUnavailable", str(exc)) from None
         except BadQuery as exc:
@@ -186,7 +193,8 @@ class Backend:
         total = sum(present)
         if rule.extra_object_query:
             try:
-                samples = self.prom.query(rule.extra_object_query.format(namespace=namespace, deployment=name))
+                samples = self.prom.query(rule.extra_object_query.format(namespace=escape_label_value(namespace),
+                                                                         deployment=escape_label_value(name)))
             except MetricsError as exc:
                 raise ApiError(503, "ServiceUnavailable", str(exc)) from None
             extra = [s.value for s in samples if not math.isnan(s.value)]
@@ -197,6 +205,43 @@ class Backend:
         return total
 
 
+@dataclass(frozen=True)
+class MetricRequest:
+    """What a metric path asks for, decoded and checked: the one reading of it that authorization and the queries
+    share."""
+    version: str
+    namespace: str
+    resource: str
+    name: str
+    metric: str
+
+    def attributes(self, path: str) -> Attributes:
+        """The SubjectAccessReview's attributes (RequestInfoFactory's reading of this path): get `resource/metric`
+        named `name` in `namespace`."""
+        return Attributes(verb="get", path=path, resource_request=True, group=GROUP, version=self.version,
+                          namespace=self.namespace, resource=self.resource, subresource=self.metric, name=self.name)
+
+
+def metric_request(params: dict[str, str] | web.UrlMappingMatchInfo) -> MetricRequest:
+    """The decoded path parameters of a metric path, checked: 404 for a version or resource not served, 400 naming the
+    field for a namespace that is not a DNS-1123 label or a name that is not a DNS-1123 subdomain (`*` for pods)."""
+    version, namespace, resource, name, metric = (params[k] for k in ("version", "namespace", "resource", "name",
+                                                                      "metric"))
+    if version not in VERSIONS:
+        raise ApiError(404, "NotFound", f"version {version!r} of {GROUP} is not served; served: {', '.join(VERSIONS)}")
+    if resource != "pods" and resource not in OBJECT_RESOURCES:
+        raise ApiError(404, "NotFound", f"resource {resource!r} is not served; served: pods, deployments.apps")
+    if name == "*" and resource != "pods":
+        raise ApiError(400, "BadRequest", f"{resource}: name a single object (wildcards are served for pods only)")
+    try:
+        dns1123_label(namespace, "namespace")
+        if name != "*":
+            dns1123_subdomain(name, "name")
+    except InvalidName as exc:
+        raise ApiError(400, "BadRequest", str(exc)) from None
+    return MetricRequest(version, namespace, resource, name, metric)
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -204,6 +249,8 @@ def _now() -> str:
 BACKEND = web.AppKey("backend", Backend)
 ALLOWED = web.AppKey("allowed", frozenset)
 AUTHORIZER = web.AppKey("authorizer", object)  # an Authorizer, or None: no per-user authorization
+METRIC_ROUTE = "metric"
+METRIC_REQUEST = web.RequestKey("metric_request", MetricRequest)  # set by the middleware on METRIC_ROUTE
 
 
 def _peer_name(request: web.Request) -> str | None:
@@ -224,7 +271,9 @@ async def _authorize(request: web.Request, authorizer: Authorizer) -> None:
     if user is None:
         raise ApiError(401, "Unauthorized", f"no {USER_HEADER} header: the aggregator names the user it authenticated "
                                             "there")
-    attrs = request_attributes(request.method, request.path, request.query_string)
+    parsed = request.get(METRIC_REQUEST)
+    attrs = parsed.attributes(request.path) if parsed is not None else \
+        request_attributes(request.method, request.path, request.query_string)
     try:
         decision = await _blocking(authorizer.authorize, user, attrs)
     except ReviewFailed as exc:
@@ -247,6 +296,8 @@ async def _serve(request: web.Request, handler) -> web.StreamResponse:
                 raise ApiError(401, "Unauthorized", "a client certificate signed by the front-proxy CA is required")
             if name not in request.app[ALLOWED]:
                 raise ApiError(403, "Forbidden", f"client certificate {name!r} is not an allowed requestheader client")
+            if request.match_info.route.name == METRIC_ROUTE:
+                request[METRIC_REQUEST] = metric_request(request.match_info)
             if request.app[AUTHORIZER] is not None:
                 await _authorize(request, request.app[AUTHORIZER])
         return await handler(request)
@@ -279,8 +330,8 @@ async def discovery(request: web.Request) -> web.Response:
 
 
 async def object_metric(request: web.Request) -> web.Response:
-    v = _version(request)
-    ns, resource, name, metric = (request.match_info[k] for k in ("namespace", "resource", "name", "metric"))
+    r: MetricRequest = request[METRIC_REQUEST]  # parsed once by the middleware, authorized as such
+    v, ns, resource, name, metric = r.version, r.namespace, r.resource, r.name, r.metric
     backend = request.app[BACKEND]
     selector = request.query.get("labelSelector")
     if resource == "pods":
@@ -288,10 +339,6 @@ async def object_metric(request: web.Request) -> web.Response:
         body = metric_value_list(v, metric, [(Described("Pod", ns, p, "/v1"), x) for p, x in values],
                                  timestamp=_now())
         return web.json_response(body)
-    if resource not in OBJECT_RESOURCES:
-        raise ApiError(404, "NotFound", f"resource {resource!r} is not served; served: pods, deployments.apps")
-    if name == "*":
-        raise ApiError(400, "BadRequest", f"{resource}: name a single object (wildcards are served for pods only)")
     kind, api_version = OBJECT_RESOURCES[resource]
     value = await _blocking(backend.deployment_metric, ns, name, metric)
     return web.json_response(metric_value_list(v, metric, [(Described(kind, ns, name, api_version), value)],
@@ -311,7 +358,7 @@ def init_app(backend: Backend, allowed_client_names: list[str], authorizer: Auth
     app[AUTHORIZER] = authorizer
     base = f"/apis/{GROUP}/{{version}}"
     app.router.add_get(base, discovery)
-    app.router.add_get(base + "/namespaces/{namespace}/{resource}/{name}/{metric}", object_metric)
+    app.router.add_get(base + "/namespaces/{namespace}/{resource}/{name}/{metric}", object_metric, name=METRIC_ROUTE)
     for path in ("/healthz", "/livez", "/readyz"):
         app.router.add_get(path, healthz)
     return app

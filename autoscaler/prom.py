@@ -28,6 +28,26 @@ class NoData(MetricsError):
     """The query ran but returned an empty vector or NaN."""
 
 
+_STRING_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_REGEX_SPECIALS = frozenset("\\.+*?()|[]{}^$")
+NOTHING = "[^\\x00-\\x{10FFFF}]"  # RE2: the empty character class
+
+
+def escape_label_value(value: str) -> str:
+    """`value` as the inside of a double-quoted PromQL string (a label matcher's value): backslash, double quote,
+    newline, carriage return and tab escaped as PromQL (Go) string literals write them, so that `ns="{value}"` matches
+    exactly `value` whatever it holds: `x",namespace!="` stays one value, it does not end the string."""
+    return "".join(_STRING_ESCAPES.get(c, c) for c in value)
+
+
+def regex_alternation(values: list[str]) -> str:
+    """A RE2 regex that matches exactly one of `values` (for `label=~"..."`, before `escape_label_value`); with no
+    values, one that matches nothing: an empty character class (`""` or `^$` would match series without the label)."""
+    if not values:
+        return NOTHING
+    return "|".join("".join("\\" + c if c in _REGEX_SPECIALS else c for c in v) for v in values)
+
+
 @dataclass(frozen=True)
 class Sample:
     labels: dict[str, str]

@@ -177,11 +177,24 @@ def test_nan_for_one_pod_makes_it_missing_and_is_noted():
     ({"prometheus": {"url": "prom:9090"}, "targets": [{"deployment": "a"}]}, "prometheus.url: must be an http(s) URL"),
     ({"targets": [{"deployment": "a"}], "intervall_s": 3}, "intervall_s: unknown field"),
     ({"targets": [{"deployment": "a"}, {"deployment": "a"}]}, "target default/a listed more than once"),
+    ({"targets": [{"deployment": "a", "namespace": 'x",namespace!="'}]},
+     "namespace: 'x\",namespace!=\"' is not a DNS-1123 label"),
+    ({"targets": [{"deployment": 'a"} or up{x="'}]}, "deployment: 'a\"} or up{x=\"' is not a DNS-1123 subdomain"),
+    ({"targets": [{"deployment": "a", "namespace": "a.b"}]}, "namespace: 'a.b' is not a DNS-1123 label"),
 ])
 def test_config_errors_name_the_field(raw, message):
     with pytest.raises(ConfigError) as err:
         parse(AutoscalerConfig, raw, "as.yaml")
     assert message in str(err.value) and str(err.value).startswith("invalid configuration (as.yaml): ")
+
+
+def test_queries_carry_the_target_and_its_pods_as_exact_promql_strings():
+    # A Deployment name is a DNS-1123 subdomain: dots are allowed, and in the pod regex a dot matches only a dot.
+    target = parse(AutoscalerConfig, {"targets": [{"deployment": "llm.v2", "namespace": "inf"}]}).targets[0]
+    assert target.query("queue_per_pod", ["llm.v2-0", "llm.v2-1"]) == \
+        'sum by (pod) (vllm:num_requests_waiting{namespace="inf",pod=~"llm\\\\.v2-0|llm\\\\.v2-1"})'
+    assert target.query("gateway_waiting", []) == \
+        'sum(gpuaas_gateway_requests_waiting{namespace="inf",deployment="llm.v2"})'
 
 
 def test_config_file_then_environment(tmp_path):

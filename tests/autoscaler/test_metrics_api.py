@@ -244,3 +244,85 @@ def test_a_failed_access_review_is_503_and_the_next_request_is_served(authz_serv
     assert "cannot authorize user 'alice'" in body["message"] and "refused" in body["message"]
     authz_server.reviewer.fail = None
     assert get(authz_server, pki, PODS, headers=as_user("alice"))[0] == 200
+
+
+# ---- one decoded reading of the path for the review and the queries; names checked; values escaped ----------------
+class RecordingProm:
+    """Prometheus that records every query and answers the pods of namespace inf (and, were a selector widened to
+    other namespaces, theirs too, which no test may see)."""
+
+    def __init__(self):
+        self.queries: list[str] = []
+
+    def query(self, promql):
+        self.queries.append(promql)
+        return [Sample({"pod": "llm-a"}, 3.0), Sample({"pod": "victim"}, 9.0)]
+
+
+@pytest.fixture
+def recording_server(pki):
+    reviewer = FakeReviewer(allows=alice_reads_pod_queue_depth_in_inf)
+    prom = RecordingProm()
+    srv = MetricsApiServer(init_app(Backend(MetricsApiConfig(), prom, FakePods()), ["front-proxy-client"],
+                                    Authorizer(reviewer, deny_ttl_s=0)), port=0,
+                           ssl_context=server_ssl_context(str(pki.path("metrics.crt")), str(pki.path("metrics.key")),
+                                                          str(pki.front_proxy_ca_cert)))
+    srv.start()
+    srv.reviewer, srv.prom = reviewer, prom
+    yield srv
+    srv.stop()
+
+
+# On today's main the review read the decoded path split at every '/', and the query took aiohttp's decoded segment
+# whole: for the first path the review asked whether alice may get pods "x\",namespace!=\"" in namespace inf (she
+# may), while the query ran on namespace `inf/pods/x",namespace!="/queue_depth`, its quotes unescaped, a second
+# matcher; the answer was 200 with the pod "victim". (aiohttp's routes refuse a decoded '{' or '}' in a segment,
+# which kept `"} or ...{` out of this path.)
+INJECTIONS = {
+    "the review and the query read %2F differently":
+        ("/namespaces/inf%2Fpods%2Fx%22,namespace!=%22%2Fqueue_depth/pods/victim/queue_depth",
+         "namespace: 'inf/pods/x\",namespace!=\"/queue_depth' is not a DNS-1123 label"),
+    "a quote in the namespace": ('/namespaces/x%22,namespace!=%22/pods/*/queue_depth',
+                                 "namespace: 'x\",namespace!=\"' is not a DNS-1123 label"),
+    "a %2F in a pod name": ("/namespaces/inf/pods/llm-a%2Fqueue_depth/queue_depth",
+                           "name: 'llm-a/queue_depth' is not a DNS-1123 subdomain"),
+    "a %2F in a deployment name": ("/namespaces/inf/deployments.apps/llm%2F..%2Fx/queue_depth",
+                                  "name: 'llm/../x' is not a DNS-1123 subdomain"),
+    "an upper-case namespace": ("/namespaces/Inf/pods/*/queue_depth", "namespace: 'Inf' is not a DNS-1123 label"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INJECTIONS))
+def test_a_path_that_is_not_a_kubernetes_name_is_400_naming_the_field_before_any_review_or_query(
+        recording_server, pki, case):
+    path, words = INJECTIONS[case]
+    code, body = get(recording_server, pki, f"{BASE}/v1beta1{path}", headers=as_user("alice"))
+    assert (code, body.get("reason")) == (400, "BadRequest") and words in body["message"], \
+        (body, recording_server.prom.queries)
+    assert recording_server.reviewer.bodies == [] and recording_server.prom.queries == []
+    assert get(recording_server, pki, PODS, headers=as_user("alice"))[0] == 200  # and it keeps serving
+
+
+def test_the_review_and_the_query_read_the_same_decoded_names(recording_server, pki):
+    # %69 is 'i', %61 is 'a': decoded once, the review asks about pod llm-a in inf, and the query is about inf.
+    code, body = get(recording_server, pki, f"{BASE}/v1beta1/namespaces/%69nf/pods/llm-%61/queue_depth",
+                     headers=as_user("alice"))
+    assert code == 200 and [i["describedObject"]["name"] for i in body["items"]] == ["llm-a"]
+    review = recording_server.reviewer.bodies[0]["spec"]["resourceAttributes"]
+    assert (review["namespace"], review["name"], review["resource"], review["subresource"]) == \
+        ("inf", "llm-a", "pods", "queue_depth")
+    assert recording_server.prom.queries == ['sum by (pod) (vllm:num_requests_waiting{namespace="inf"})']
+
+
+def test_the_backend_escapes_what_it_puts_in_a_query_whatever_its_caller_checked():
+    prom = RecordingProm()
+    extra = 'sum(w{{namespace="{namespace}",deployment="{deployment}"}})'
+    config = MetricsApiConfig(metrics=[{"name": "queue_depth", "extra_object_query": extra}])
+
+    class AnyPods(FakePods):
+        def deployment_selector(self, namespace, name):
+            return "app=llm"
+
+    Backend(config, prom, AnyPods()).deployment_metric('x",a!="', 'd"}', "queue_depth")
+    assert prom.queries == ['sum by (pod) (vllm:num_requests_waiting{namespace="x\\",a!=\\""})',
+                            'sum(w{namespace="x\\",a!=\\"",deployment="d\\"}"})']

@@ -5,8 +5,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from autoscaler.prom import BadQuery, NoData, Prometheus, PrometheusUnavailable
+from autoscaler.prom import (BadQuery, NoData, Prometheus, PrometheusUnavailable, escape_label_value,
+                             regex_alternation)
 from gpuaas.cluster.process import free_port
 
 
@@ -75,3 +78,46 @@ def test_refused_and_hung():
         hung = Prometheus(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.5)
         with pytest.raises(PrometheusUnavailable, match="did not answer within 0.5s"):
             hung.query("up")
+
+
+# ---- label values in PromQL: escaped as string contents, so a value cannot end its string -------------------------
+
+@pytest.mark.parametrize("value, inside", [
+    pytest.param("inference", "inference", id="a plain name stays as it is"),
+    pytest.param('x",namespace!="', 'x\\",namespace!=\\"', id="a quote does not end the string"),
+    pytest.param("a\\", "a\\\\", id="a trailing backslash does not escape the closing quote"),
+    pytest.param("a\nb\r\tc", "a\\nb\\r\\tc", id="newline, carriage return, tab"),
+    pytest.param("naïve/ü", "naïve/ü", id="other characters as they are (PromQL strings are UTF-8)"),
+])
+def test_escape_label_value(value, inside):
+    assert escape_label_value(value) == inside
+
+
+def _unquote_go(inside: str) -> str:
+    """What PromQL reads from `"<inside>"` (Go interpreted string literal rules for the escapes used here)."""
+    out, i = [], 0
+    while i < len(inside):
+        c = inside[i]
+        assert c != '"' and c != "\n", f"{inside!r} ends its string early"
+        if c == "\\":
+            out.append({"\\": "\\", '"': '"', "n": "\n", "r": "\r", "t": "\t"}[inside[i + 1]])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text())
+def test_every_escaped_value_reads_back_as_itself(value):
+    assert _unquote_go(escape_label_value(value)) == value
+
+
+@pytest.mark.parametrize("values, regex", [
+    pytest.param(["llm-0", "llm-1"], "llm-0|llm-1", id="names as they are"),
+    pytest.param(["llm.v2-0"], "llm\\.v2-0", id="a dot matches only a dot"),
+    pytest.param([], "[^\\x00-\\x{10FFFF}]", id="no pods: a regex that matches nothing, not the empty value"),
+])
+def test_regex_alternation(values, regex):
+    assert regex_alternation(values) == regex

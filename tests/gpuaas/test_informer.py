@@ -302,7 +302,8 @@ def test_the_node_scaler_withdraws_readiness_past_max_watch_stale_s(tmp_path):
 
     clock = Clock()
     config = NodeScalerConfig.model_validate({
-        "groups": [{"name": "a100", "max_size": 2, "cost_per_hour": 1.0, "template": {"gpu": {"model": "A100-80GB", "count": 8}}}],
+        "groups": [{"name": "a100", "max_size": 2, "cost_per_hour": 1.0,
+                    "template": {"gpu": {"model": "A100-80GB", "count": 8}}}],
         "leader_election": {"enabled": False}, "max_watch_stale_s": 30})
     service = Service(config, kubeconfig(tmp_path, "http://127.0.0.1:1"))
     inf = _informer(clock)
