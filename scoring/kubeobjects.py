@@ -170,7 +170,8 @@ def _model_units(nanos: int, unit: int, what: str) -> int:
     """Whole model units (millicores: 10**6 nanos, MiB: 2**20 * 10**9, count: 10**9), rounded down as before."""
     value = nanos // unit
     if value > MAX_MODEL_AMOUNT:
-        raise ObjectError(f"{what}: {_decimal(nanos)} is more than gpuaas models")
+        raise ObjectError(f"{what}: {_decimal(nanos).normalize()} is more than gpuaas models ({MAX_MODEL_AMOUNT} in "
+                          "millicores, MiB or GPUs)")
     return value
 
 
