@@ -170,3 +170,56 @@ def test_only_users_allowed_by_rbac_read_the_metrics_and_the_hpa_still_does(clus
     wait_for(lambda: as_the_aggregator(served, path, f"carol-{time.monotonic_ns()}")[0] == 403, timeout=30,
              what="SubjectAccessReviews answered again (carol has no permission: 403)")
     assert kubectl_raw(cluster, path, "alice").returncode == 0
+
+
+def test_label_values_reach_the_real_prometheus_exactly_as_written(tmp_path):
+    """Escaped label values and pod regexes, as autoscaler/prom.py writes them, read back by a real Prometheus: a value
+    full of quotes stays one string, a dot in a pod regex matches only a dot, no pods matches nothing (not even the
+    empty value of a series without the label, which `^$` matches)."""
+    from autoscaler.prom import escape_label_value, regex_alternation
+
+    with PrometheusServer(tmp_path / "prometheus", targets=[]) as server:
+        prom = Prometheus(server.url, timeout_s=10)
+
+        def labels(promql: str) -> list[dict[str, str]]:
+            return [s.labels for s in prom.query(promql)]
+
+        for value in ('x",namespace!="', 'a\\', 'a\nb\tc\r', "naïve", '"} or up{job=~".+'):
+            assert labels(f'label_replace(vector(1), "v", "{escape_label_value(value)}", "", "")') == [{"v": value}]
+
+        def hit(pod: str, regex: str) -> bool:
+            promql = (f'label_replace(label_replace(vector(1), "pod", "{escape_label_value(pod)}", "", ""), '
+                      f'"hit", "yes", "pod", "{escape_label_value(regex)}")')
+            return labels(promql)[0].get("hit") == "yes"
+
+        pods = regex_alternation(["llm.v2-0", "llm.v2-1"])
+        assert hit("llm.v2-0", pods) and hit("llm.v2-1", pods) and not hit("llmXv2-0", pods)
+        assert not hit("", regex_alternation([])) and hit("", "^$")
+
+
+def test_a_name_with_an_encoded_slash_gets_400_naming_the_field_and_is_not_reviewed(cluster, namespace, served):
+    """A path whose namespace segment holds `%2F` and quotes: sent as the aggregator sends, our server reads the
+    decoded names once, finds the namespace is not one, and answers 400 naming it without a SubjectAccessReview (on
+    main the review read namespace {namespace}, pods, while the query ran on the whole decoded segment). Through
+    kubectl and kube-apiserver the `%2F` arrives decoded, as more path segments, which no route serves: 404."""
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "queue-depth-reader"}, "rules": [
+        {"apiGroups": [GROUP], "resources": ["pods/queue_depth"], "verbs": ["get"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "alice-reads-queue-depth"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "queue-depth-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]})
+    good = f"/apis/{GROUP}/v1beta1/namespaces/{namespace}/pods/*/queue_depth"
+    wait_for(lambda: kubectl_raw(cluster, good, "alice").returncode == 0, timeout=60, what="alice reading queue_depth")
+
+    injected = "%2Fpods%2Fx%22,namespace!=%22%2Fqueue_depth"
+    bad = f"/apis/{GROUP}/v1beta1/namespaces/{namespace}{injected}/pods/victim/queue_depth"
+    reviews = len(served.reviewer.seen)
+    code, status = as_the_aggregator(served, bad, "alice")
+    assert code == 400 and status["reason"] == "BadRequest", status
+    assert status["message"].startswith(f"namespace: '{namespace}/pods/x\",namespace!=\"/queue_depth' is not a "
+                                        "DNS-1123 label"), status
+    assert len(served.reviewer.seen) == reviews
+    out = kubectl_raw(cluster, bad, "alice")
+    assert out.returncode != 0 and "(Not Found)" in out.stderr and "MetricValueList" not in out.stdout, out
+    assert kubectl_raw(cluster, good, "alice").returncode == 0
