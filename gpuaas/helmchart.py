@@ -49,8 +49,9 @@ class Component:
     data: dict[str, dict[str, str]] = field(default_factory=dict)
     # A values expression -> (object kind, key under metadata) it fills when set, e.g. annotations.
     metadata: dict[str, tuple[str, str]] = field(default_factory=dict)
-    # Object kind -> {path within the object: values expression} for single scalar fields.
-    scalars: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Object kind -> {path within the object: values expression} for single scalar fields. A path is dotted, or a
+    # tuple of keys and list indices where a key holds dots (a label name).
+    scalars: dict[str, dict[str | tuple[str | int, ...], str]] = field(default_factory=dict)
     requires: tuple[str, str] | None = None  # (values key of a component it cannot work without, why)
 
 
@@ -60,7 +61,11 @@ def _config(values: str) -> str:
 
 COMPONENTS = (
     Component("namespace", "namespace", switch="create"),
-    Component("extender", "extender", data={"gpuaas-extender-config": {"extender.yaml": _config("extender")}}),
+    Component("extender", "extender", data={"gpuaas-extender-config": {"extender.yaml": _config("extender")}},
+              # The NetworkPolicy admits Prometheus from the namespace the scrape jobs go to: where it runs.
+              scalars={"NetworkPolicy": {("spec", "ingress", 0, "from", 1, "namespaceSelector", "matchLabels",
+                                          "kubernetes.io/metadata.name"):
+                                         ".Values.prometheusScrapeConfigs.namespace | quote"}}),
     Component("second-scheduler", "secondScheduler", replicas=True, image=".Values.secondScheduler.image",
               requires=("extender", "it calls the extender for every GPU pod")),
     Component("autoscaler", "autoscaler",
@@ -143,8 +148,8 @@ def _walk_strings(node: Any, fn) -> Any:
     return fn(node) if isinstance(node, str) else node
 
 
-def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
-    *parents, last = path.split(".")
+def _set_path(obj: dict[str, Any], path: str | tuple[str | int, ...], value: Any) -> None:
+    *parents, last = path.split(".") if isinstance(path, str) else path
     for p in parents:
         obj = obj[p]
     if last not in obj:

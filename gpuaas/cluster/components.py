@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .pki import EXTENDER_SERVING, Pki
 from .process import free_port, process_alive, spawn, terminate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,8 +84,28 @@ class ComponentProcess:
         return bool(self.popen) and process_alive(self.popen.pid, sys.executable)
 
 
+def extender_tls_env(pki: Pki) -> dict[str, str]:
+    """The extender's TLS settings on a local cluster (GPUAAS_EXTENDER_TLS__*): its serving certificate from the
+    cluster's PKI, and the cluster CA as the CA of the client certificate kube-scheduler presents (its own,
+    CN system:kube-scheduler: the extender's default client_names)."""
+    stem = EXTENDER_SERVING[0]
+    return {"GPUAAS_EXTENDER_TLS__CERT_FILE": str(pki.path(f"{stem}.crt")),
+            "GPUAAS_EXTENDER_TLS__KEY_FILE": str(pki.path(f"{stem}.key")),
+            "GPUAAS_EXTENDER_TLS__CLIENT_CA_FILE": str(pki.ca_cert)}
+
+
+def scheduler_extender_tls(pki: Pki) -> dict[str, str]:
+    """kube-scheduler's side (extender_entry's ca_file, cert_file, key_file): it verifies the extender with the
+    cluster CA and presents its own client certificate."""
+    return {"ca_file": str(pki.ca_cert), "cert_file": str(pki.path("scheduler.crt")),
+            "key_file": str(pki.path("scheduler.key"))}
+
+
 def extender_process(workdir: Path, kubeconfig: Path, *, policy: str = "gpuaas", port: int | None = None,
-                     extra: list[str] | None = None, env: dict[str, str] | None = None) -> ComponentProcess:
+                     extra: list[str] | None = None, env: dict[str, str] | None = None,
+                     pki: Pki | None = None) -> ComponentProcess:
+    """`pki`: serve mTLS with the local cluster's certificates (extender_tls_env); else plain HTTP on 127.0.0.1."""
+    env = {**(extender_tls_env(pki) if pki is not None else {}), **(env or {})}
     proc = ComponentProcess("gpuaas-extender", [], workdir, port=port, env=env)
     proc.args = ["extender", "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", str(proc.port),
                  "--policy", policy, *(extra or [])]

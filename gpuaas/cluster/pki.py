@@ -3,7 +3,9 @@
 The apiserver authenticates every component by client certificate, the way kubeadm sets a cluster up: one cluster CA
 signs the serving certificate and each component's client certificate (its user and groups are the CN and O fields),
 and a separate front-proxy CA signs the aggregator's client certificate, which aggregated API servers (our
-custom-metrics API) verify.
+custom-metrics API) verify. The gpuaas extender gets a serving certificate from the cluster CA too (`extender.crt`,
+for 127.0.0.1 and localhost), and accepts kube-scheduler's own client certificate (`scheduler.crt`, CN
+system:kube-scheduler) on its verbs: the cluster CA is its client CA.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ CLIENTS = (
     ("scheduler", "system:kube-scheduler", ()),
     ("kwok", "kwok-controller", ("system:masters",)),  # kwok plays every kubelet: it writes any node and pod status
 )
+
+
+EXTENDER_SERVING = ("extender", "gpuaas-extender")  # (file stem, CN)
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,8 @@ def _leaf(ca_key, ca_cert, common_name: str, groups=(), *, server_names=(), serv
 
 
 def create_pki(directory: Path, *, service_ip: str = "10.96.0.1") -> Pki:
-    """Write a complete PKI into `directory`: CA, apiserver serving cert, component client certs, service-account
-    signing key, front-proxy CA and the aggregator's client cert."""
+    """Write a complete PKI into `directory`: CA, apiserver serving cert, component client certs, the extender's
+    serving cert, service-account signing key, front-proxy CA and the aggregator's client cert."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = _ca("gpuaas-local-ca")
     _write_key(directory / "ca.key", ca_key)
@@ -137,6 +142,11 @@ def create_pki(directory: Path, *, service_ip: str = "10.96.0.1") -> Pki:
     (directory / "sa.pub").write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
+
+    key, cert = _leaf(ca_key, ca_cert, EXTENDER_SERVING[1], server_names=("localhost",), server_ips=("127.0.0.1",),
+                      client=False)
+    _write_key(directory / f"{EXTENDER_SERVING[0]}.key", key)
+    _write_cert(directory / f"{EXTENDER_SERVING[0]}.crt", cert)
 
     fp_key, fp_cert = _ca("gpuaas-front-proxy-ca")
     _write_key(directory / "front-proxy-ca.key", fp_key)

@@ -34,7 +34,8 @@ from extender.schedconfig import extender_entry, gpuaas_profile
 from scoring.fragmentation import Workload
 
 from ..admission import Gang, GangAdmission
-from ..cluster.components import REPO, ComponentProcess, autoscaler_process, extender_process, nodescaler_process
+from ..cluster.components import (REPO, ComponentProcess, autoscaler_process, extender_process, nodescaler_process,
+                                  scheduler_extender_tls)
 from ..cluster.local import LocalCluster
 from ..cluster.migmanager import FakeNodeAgent
 from ..cluster.pools import PoolSpec
@@ -105,8 +106,10 @@ class Stack:
         self.extender_port = free_port()
         self.cluster = LocalCluster(
             self.workdir, name=self.name, owned=self.owned,
-            extenders=[extender_entry(f"http://127.0.0.1:{self.extender_port}")] if gpuaas else None,
             scheduler_profiles=[gpuaas_profile("default-scheduler")] if gpuaas else None)
+        if gpuaas:  # over mTLS, as deployed: kube-scheduler presents its client certificate from the cluster's PKI
+            self.cluster.control_plane.extenders = [extender_entry(
+                f"https://127.0.0.1:{self.extender_port}", **scheduler_extender_tls(self.cluster.control_plane.pki))]
         self.components: list[ComponentProcess] = []
         self.extender: ComponentProcess | None = None
         self.prometheus: PrometheusServer | None = None
@@ -154,7 +157,8 @@ class Stack:
         kubeconfigs = {k: self.cluster.service_account_kubeconfig(DEPLOY / path, account)
                        for k, (path, account) in accounts.items()}
         if self.scheduler == "gpuaas":
-            self.extender = extender_process(self.workdir, kubeconfigs["extender"], port=self.extender_port)
+            self.extender = extender_process(self.workdir, kubeconfigs["extender"], port=self.extender_port,
+                                             pki=self.cluster.control_plane.pki)
             self.components.append(self.extender)
         ns_config = nodescaler_config(self.pools, s.duration_s)
         if ns_config is not None:

@@ -169,3 +169,47 @@ def test_apiservices_claim_v1beta1_and_v1beta2_of_custom_metrics_only_for_our_se
     svc = named(path, "Service", "gpuaas-custom-metrics")
     assert all(s["spec"]["service"] == {"name": svc["metadata"]["name"], "namespace": NAMESPACE, "port": 443}
                for s in services)
+
+
+def _mounts(deployment) -> dict[str, str]:
+    """mount path -> secret name, for the secret volumes of a Deployment's first container."""
+    spec = deployment["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    return {m["mountPath"]: secrets[m["name"]] for m in spec["containers"][0]["volumeMounts"] if m["name"] in secrets}
+
+
+def test_the_extender_and_the_second_scheduler_are_wired_for_mtls():
+    """The extender trusts the CA of gpuaas-extender-tls for client certificates; the second scheduler presents the
+    client certificate of gpuaas-scheduler-extender-client at the paths its tlsConfig names, and verifies the
+    extender with that secret's CA."""
+    path = DEPLOY / "overlays" / "second-scheduler"
+    extender = named(path, "Deployment", "gpuaas-extender")
+    config_map = next(o for o in objects(path, "ConfigMap") if o["metadata"]["name"].startswith("gpuaas-extender-config"))
+    config = ExtenderConfig.model_validate(yaml.safe_load(config_map["data"]["extender.yaml"]))
+    assert config.tls is not None and config.tls.client_names == ["system:kube-scheduler"]
+    mounts = _mounts(extender)
+    for file in (config.tls.cert_file, config.tls.key_file, config.tls.client_ca_file):
+        assert mounts[str(file.parent)] == "gpuaas-extender-tls"
+    scheduler = named(path, "Deployment", "gpuaas-scheduler")
+    sched_map = next(o for o in objects(path, "ConfigMap") if o["metadata"]["name"].startswith("gpuaas-scheduler-config"))
+    tls = yaml.safe_load(sched_map["data"]["scheduler-config.yaml"])["extenders"][0]["tlsConfig"]
+    assert set(tls) == {"caFile", "certFile", "keyFile"}
+    for file in tls.values():
+        assert _mounts(scheduler)[file.rsplit("/", 1)[0]] == "gpuaas-scheduler-extender-client"
+    assert config.scheduler_names[-1] == yaml.safe_load(sched_map["data"]["scheduler-config.yaml"])["profiles"][0][
+        "schedulerName"]
+    # The RBAC that lets it review tokens for /explain and /metrics.
+    delegator = named(path, "ClusterRoleBinding", "gpuaas-extender-auth-delegator")
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+
+
+def test_only_kube_scheduler_and_prometheus_reach_the_extender():
+    policy = named(DEPLOY / "bases" / "extender", "NetworkPolicy", "gpuaas-extender")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gpuaas-extender"}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "https"}]
+    peers = [(p.get("namespaceSelector"), p["podSelector"]["matchLabels"]) for p in rule["from"]]
+    assert peers == [(None, {"app.kubernetes.io/name": "gpuaas-scheduler"}),
+                     ({"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                      {"app.kubernetes.io/name": "prometheus"})]

@@ -7,8 +7,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuaas.cluster.components import extender_process
-from gpuaas.cluster.pki import issue_serving_cert
+from gpuaas.cluster.components import extender_process, scheduler_extender_tls
 from gpuaas.cluster.process import free_port, spawn, terminate
 from gpuaas.workloads import gpu_pod
 from scoring.kubeobjects import DEVICES_ANNOTATION
@@ -32,9 +31,12 @@ def test_overlay_passes_a_server_side_dry_run(cluster, gpuaas_namespace, overlay
 def test_kube_scheduler_accepts_the_shipped_configuration(cluster, tmp_path, path):
     shipped = yaml.safe_load((DEPLOY / path).read_text())
     # With --config, kube-scheduler takes its kubeconfig from the file only: point a copy at the test cluster, and
-    # its extender CA at a file that exists here (kube-scheduler reads it at start).
+    # its extender CA and client certificate at files that exist here (kube-scheduler reads them at start).
     local_config = {**shipped, "clientConnection": {"kubeconfig": str(cluster.kubeconfig)}}
-    local_config["extenders"][0]["tlsConfig"]["caFile"] = str(cluster.control_plane.pki.ca_cert)
+    tls = local_config["extenders"][0]["tlsConfig"]
+    assert set(tls) == {"caFile", "certFile", "keyFile"}  # mTLS: kube-scheduler presents a client certificate
+    paths = scheduler_extender_tls(cluster.control_plane.pki)
+    tls.update(caFile=paths["ca_file"], certFile=paths["cert_file"], keyFile=paths["key_file"])
     local = tmp_path / "config.yaml"
     local.write_text(yaml.safe_dump(local_config))
     out = tmp_path / "effective.yaml"
@@ -50,18 +52,19 @@ def test_kube_scheduler_accepts_the_shipped_configuration(cluster, tmp_path, pat
 def test_second_scheduler_and_extender_schedule_a_gpu_pod_with_only_their_shipped_rbac(cluster, namespace, tmp_path):
     """deploy/overlays/second-scheduler, run as processes: the real extender over HTTPS under its ServiceAccount, and
     a second kube-scheduler with the shipped configuration under its own. A pod asking for gpuaas-scheduler is bound
-    by the extender with its devices recorded, the scheduler holds its Lease, and neither logged a refusal."""
+    by the extender with its devices recorded, over mTLS (kube-scheduler's client certificate; the local cluster's
+    CA stands for the one of gpuaas-extender-tls), the scheduler holds its Lease, and neither logged a refusal."""
     cp = cluster.control_plane
     extender_kc = cluster.service_account_kubeconfig(DEPLOY / "bases" / "extender", "gpuaas-extender")
     scheduler_kc = cluster.service_account_kubeconfig(DEPLOY / "bases" / "second-scheduler", "gpuaas-scheduler")
-    cert, key = issue_serving_cert(cp.pki, "second-scheduler-extender", "gpuaas-extender")
     port = free_port()
-    extender = extender_process(tmp_path, extender_kc, port=port, env={
-        "GPUAAS_EXTENDER_TLS__CERT_FILE": str(cert), "GPUAAS_EXTENDER_TLS__KEY_FILE": str(key)})
+    extender = extender_process(tmp_path, extender_kc, port=port, pki=cp.pki)
     config = yaml.safe_load((DEPLOY / "bases" / "second-scheduler" / "scheduler-config.yaml").read_text())
     config["clientConnection"] = {"kubeconfig": str(scheduler_kc)}
     config["extenders"][0]["urlPrefix"] = f"https://127.0.0.1:{port}"  # the Service's name, on loopback
-    config["extenders"][0]["tlsConfig"]["caFile"] = str(cp.pki.ca_cert)
+    local = scheduler_extender_tls(cp.pki)
+    config["extenders"][0]["tlsConfig"].update(caFile=local["ca_file"], certFile=local["cert_file"],
+                                               keyFile=local["key_file"])
     (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(config))
     log = tmp_path / "logs" / "gpuaas-scheduler.log"
     coord = client.CoordinationV1Api(cluster.api)

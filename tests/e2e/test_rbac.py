@@ -56,6 +56,20 @@ def test_extender_cannot_delete_pods_nor_change_nodes(cluster, as_account, names
     core.patch_node(node, {"metadata": {"labels": {"gpuaas-test": None}}})
 
 
+def test_extender_may_review_tokens_and_access_for_its_callers_and_nothing_more(cluster, as_account, namespace):
+    """system:auth-delegator: the extender asks who a bearer token belongs to and what that user may do (/explain,
+    /metrics), and that adds no power of its own."""
+    extender = as_account("extender")
+    review = client.AuthenticationV1Api(extender).create_token_review({"spec": {"token": "not-a-token"}})
+    assert review.status.authenticated is not True  # the review was made, and said no
+    sar = client.AuthorizationV1Api(extender).create_subject_access_review({"spec": {
+        "user": "nobody", "nonResourceAttributes": {"path": "/metrics", "verb": "get"}}})
+    assert sar.status.allowed is False
+    core = client.CoreV1Api(extender)
+    assert status_of(lambda: core.list_namespaced_secret(namespace)) == 403
+    assert status_of(lambda: core.create_namespaced_service_account_token("default", namespace, {"spec": {}})) == 403
+
+
 @pytest.mark.parametrize("base", ["autoscaler", "custom-metrics-api"])
 def test_autoscaler_and_metrics_api_cannot_read_secrets(cluster, as_account, namespace, base):
     core = client.CoreV1Api(cluster.api)

@@ -165,3 +165,44 @@ def test_a_failed_review_is_not_cached_and_the_next_one_is_made():
         authz.authorize(User("alice"), ATTRS)
     reviewer.fail = None
     assert authz.authorize(User("alice"), ATTRS).allowed and len(reviewer.bodies) == 2
+
+
+# ---- authentication: certificates and tokens ------------------------------------------------------------------------
+def test_a_client_certificate_names_its_user_and_groups_as_kube_apiserver_reads_it():
+    peercert = {"subject": ((("organizationName", "system:masters"),), (("organizationName", "ops"),),
+                            (("commonName", "kubernetes-admin"),))}
+    from gpuaas.authz import user_from_certificate
+
+    assert user_from_certificate(peercert) == User("kubernetes-admin",
+                                                   groups=("system:masters", "ops", "system:authenticated"))
+    assert user_from_certificate({}) is None and user_from_certificate(None) is None
+    assert user_from_certificate({"subject": ((("organizationName", "x"),),)}) is None  # no CN: no user
+
+
+def test_a_token_review_names_the_user_only_when_it_authenticated():
+    from gpuaas.authz import token_review, user_from_token_review
+
+    assert token_review("t")["spec"] == {"token": "t"}
+    status = {"authenticated": True, "user": {"username": "system:serviceaccount:mon:prometheus", "uid": "u1",
+                                              "groups": ["system:serviceaccounts"], "extra": {"k": ["v"]}}}
+    assert user_from_token_review(status) == User("system:serviceaccount:mon:prometheus", "u1",
+                                                  ("system:serviceaccounts",), (("k", ("v",)),))
+    assert user_from_token_review({"authenticated": False, "user": {"username": "x"}}) is None
+    assert user_from_token_review({"authenticated": True, "user": {}}) is None
+
+
+def test_the_token_cache_keeps_answers_for_its_ttl_and_never_the_token():
+    from gpuaas.authz import TokenCache
+
+    clock = Clock()
+    cache = TokenCache(ttl_s=10, size=2, clock=clock)
+    assert cache.get("secret-token") == (False, None)
+    cache.put("secret-token", User("alice"))
+    cache.put("bad-token", None)  # a refusal is remembered too
+    assert cache.get("secret-token") == (True, User("alice")) and cache.get("bad-token") == (True, None)
+    assert all("secret-token" not in repr(k) for k in cache._entries)
+    clock.t += 10
+    assert cache.get("secret-token") == (False, None)
+    for t in ("a", "b", "c"):
+        cache.put(t, User(t))
+    assert len(cache._entries) == 2 and cache.get("a") == (False, None)
