@@ -235,7 +235,7 @@ def config_docs() -> list[ConfigDoc]:
                   f"`{EXTENDER_ENV}*` environment variables, then from command-line flags; unknown or invalid "
                   "settings stop the start with the field named.",
                   "port: 8888\npolicy: gpuaas\nlog_format: text\ntls:\n  cert_file: /etc/gpuaas/tls/tls.crt\n"
-                  "  key_file: /etc/gpuaas/tls/tls.key\n",
+                  "  key_file: /etc/gpuaas/tls/tls.key\n  client_ca_file: /etc/gpuaas/tls/ca.crt\n",
                   "extender", env_prefix=EXTENDER_ENV, verb="extender", notes=_policies),
         ConfigDoc("Replica autoscaler", AutoscalerConfig,
                   "`gpuaas autoscaler --config FILE` (`autoscaler/config.py`). Read from the file, then from "
