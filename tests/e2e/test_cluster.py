@@ -64,29 +64,32 @@ def test_deployment_scaled_to_five_gets_five_running_pods(cluster, namespace):
         pods = core.list_namespaced_pod(namespace, label_selector="app=serve").items
         return sum(p.status.phase == "Running" and p.spec.node_name is not None for p in pods)
 
-    wait_for(lambda: running() == 5, timeout=60, what="5 Running pods")
-    assert apps.read_namespaced_deployment("serve", namespace).status.ready_replicas == 5
+    wait_for(lambda: running() == 5, timeout=90, what="5 Running pods")
+    # The Deployment's status follows its pods' in the controller-manager's own time: wait for it, do not race it.
+    wait_for(lambda: apps.read_namespaced_deployment("serve", namespace).status.ready_replicas == 5, timeout=90,
+             what="5 ready replicas in the Deployment's status")
 
 
 def test_pod_annotated_to_complete_after_five_seconds_succeeds(cluster, namespace):
-    import time
-
     client.CoreV1Api(cluster.api).create_namespaced_pod(namespace, gpu_pod("job", namespace, gpus=1,
                                                                            complete_after="5s"))
-    wait_for(lambda: pod_phase(cluster.api, namespace, "job") == "Running", what="job Running")
-    started = time.monotonic()
-    wait_for(lambda: pod_phase(cluster.api, namespace, "job") == "Succeeded", timeout=30, what="job Succeeded")
-    elapsed = time.monotonic() - started
-    # kwok counts the 5 s from when the pod became Running; allow for polling.
-    assert 3.5 <= elapsed <= 9, elapsed
-    status = pod(cluster.api, namespace, "job").status.container_statuses[0]
-    assert status.state.terminated.reason == "Completed" and status.state.terminated.exit_code == 0
+    wait_for(lambda: pod_phase(cluster.api, namespace, "job") == "Succeeded", timeout=90, what="job Succeeded")
+    done = pod(cluster.api, namespace, "job").status
+    terminated = done.container_statuses[0].state.terminated
+    assert terminated.reason == "Completed" and terminated.exit_code == 0
+    # kwok's own timestamps, not the test's polling: the 5 s run from when the pod turned Ready (its condition's
+    # lastTransitionTime, second resolution), so at least 4 s separate it from finishedAt however loaded the machine.
+    # How long completion takes past the 5 s is a benchmark's number (bench/kwok_completion.py), not a test's bound.
+    ready = next(c for c in done.conditions if c.type == "Ready")
+    assert (terminated.finished_at - ready.last_transition_time).total_seconds() >= 4, (ready, terminated)
 
 
 def test_pod_without_the_annotation_keeps_running(cluster, namespace):
-    import time
-
-    client.CoreV1Api(cluster.api).create_namespaced_pod(namespace, gpu_pod("server", namespace, gpus=1))
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(namespace, gpu_pod("server", namespace, gpus=1))
     wait_for(lambda: pod_phase(cluster.api, namespace, "server") == "Running", what="server Running")
-    time.sleep(7)  # longer than the 1 s default delay and the 5 s jitter of kwok's stock pod-complete stage
+    # A witness started after the server completes after 7 s, longer than the 1 s delay and 5 s jitter of kwok's
+    # stock pod-complete stage: once kwok has completed the witness it has had every chance to complete the server.
+    core.create_namespaced_pod(namespace, gpu_pod("witness", namespace, gpus=1, complete_after="7s"))
+    wait_for(lambda: pod_phase(cluster.api, namespace, "witness") == "Succeeded", timeout=90, what="witness Succeeded")
     assert pod_phase(cluster.api, namespace, "server") == "Running"
