@@ -1,8 +1,13 @@
 """The node autoscaler on a real control plane with KWOK GPU nodes: scale-out for 50 eight-GPU pods and scale-in under
 a PodDisruptionBudget checked continuously, MIG repartitioning instead of a new node, the controller killed during
-drains, and two replicas behind one Lease."""
+drains, nodes in service going unready, and two replicas behind one Lease.
+
+These tests assert order and safety (no pod lost, no node deleted with pods bound, no PDB broken, only the leader
+acts) and wait on conditions; the latency and takeover times they print are measured, with targets, by
+bench/nodescaler_scaleout.py and bench/leader_takeover.py."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 import time
@@ -15,8 +20,9 @@ import yaml
 from kubernetes import client
 
 from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
+from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
 from gpuaas.cluster.components import ComponentProcess, nodescaler_process
+from gpuaas.cluster.controlplane import KWOK_NODE_ANNOTATION
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.cluster.pools import parse_pool_spec
@@ -113,6 +119,10 @@ def only_on_new_a100x8(pod: dict) -> dict:
     return pod
 
 
+def reconciles(proc: ComponentProcess) -> int:
+    return json.loads(get(proc, "/leader"))["reconciles"]
+
+
 def pdb(namespace: str, app: str, min_available: int) -> dict:
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app, "namespace": namespace},
             "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}}
@@ -158,9 +168,11 @@ def test_fifty_eight_gpu_pods_grow_the_cheapest_fitting_group_then_idle_nodes_go
                           "unschedulable_to_grow_request_s": {"max": round(max(latency), 3),
                                                               "median": round(sorted(latency)[len(latency) // 2], 3)},
                           "same_from_condition_upper_bound_s_max": round(max(upper), 3)}))
-        # Under CPU load kube-scheduler reaches some pods only after nodes grown for earlier ones exist: those never
-        # wait and get no FailedScheduling event (42-48 of 50 seen on the shared 2-core machine).
-        assert len(latency) >= 30 and max(latency) <= 2.0
+        # Order, not speed (bench/nodescaler_scaleout.py measures the latency against its target): no node was asked
+        # for before a pod needed it, and every grow request answered pods already unschedulable.
+        first_unschedulable = min(list(failed_scheduling_times(api, ns, "big-").values())
+                                  + list(unschedulable_at.values()))
+        assert latency and min(requested) >= first_unschedulable - 1.0, "a node was requested before any pod needed it"
         metrics = get(scaler, "/metrics")
         assert 'gpuaas_nodescaler_nodes_added_total{group="a100x8"}' in metrics
         events = core.list_namespaced_event(ns, field_selector="reason=TriggeredScaleUp").items
@@ -177,9 +189,15 @@ def test_fifty_eight_gpu_pods_grow_the_cheapest_fitting_group_then_idle_nodes_go
         scaler.stop()
         pdbs.stop()
         deletions.stop()
-    assert pdbs.polls > 50 and "svc" in pdbs.armed, "the PDB checker ran through the test"
-    assert pdbs.violations == []
-    assert deletions.violations == []
+    assert "svc" in pdbs.armed, "the PDB checker saw the budget met before the drains"
+    svc_drains = [d for d, (node, _) in deletions.drains.items() if node.startswith("a100-")]
+    assert svc_drains, "the svc pool was consolidated through drains"
+    start = min(deletions.opened_at[d] for d in svc_drains)
+    end = max(deletions.closed_at.get(d, float("inf")) for d in svc_drains)
+    assert pdbs.armed_at["svc"] < start and pdbs.polls_between(start, end) >= len(svc_drains), \
+        "the PDB checker kept polling while the svc pool's drains went on"
+    pdbs.assert_ok()
+    deletions.assert_ok()
     assert len(deletions.deleted) >= 49
     assert deletions.open_drains() == {}
     evictions = core.list_namespaced_event(ns, field_selector="reason=ScaleDown").items
@@ -234,17 +252,27 @@ def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
     rng = random.Random(6)
     kills, kills_mid_drain = 0, 0
     scaler = nodescaler(workdir, cluster.sa_kubeconfig, cfg, name="ns-chaos")
+
+    def consolidated() -> bool:  # the w pods fit on 4 nodes: nothing more to drain once the others are gone
+        return len(group_nodes(api, "chaos")) <= 4
+
     try:
         scaler.start(timeout=60)
-        deadline = time.monotonic() + 150
-        # Twenty drains and at least five kills: a fast run can finish its drains before the fifth kill.
-        while (len(deletions.drains) < 20 or kills < 5) and time.monotonic() < deadline:
-            time.sleep(rng.uniform(0.5, 3.0))
+        # Kills in the middle of drains: each waits until a drain is open (the node watch saw its annotation), then
+        # kills at a random point of it (evicting, waiting for pods to go, deleting). Twenty drains, at least five
+        # kills, unless the pool is consolidated first.
+        while len(deletions.drains) < 20 or kills < 5:
+            wait_for(lambda: deletions.open_drains() or consolidated(), timeout=120, interval=0.05,
+                     what="a drain open (or the pool consolidated)")
+            if not deletions.open_drains():
+                break
+            time.sleep(rng.uniform(0.0, 0.3))
             kills_mid_drain += bool(deletions.open_drains())
             scaler.kill()
             kills += 1
             scaler.start(timeout=60)
         assert len(deletions.drains) >= 20, f"only {len(deletions.drains)} drains started"
+        drain_window = (min(deletions.opened_at.values()), time.monotonic())
         # Let the last incarnation finish what is open.
         try:
             wait_for(lambda: not deletions.open_drains(), timeout=120, interval=0.5, what="every drain finished")
@@ -263,8 +291,12 @@ def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
     print(json.dumps({"kills": kills, "kills_with_a_drain_open": kills_mid_drain, "drains": len(outcomes), "deleted": outcomes.count("deleted"),
                       "rolled_back": outcomes.count("rolled-back")}))
     assert kills >= 5 and kills_mid_drain >= 3
-    assert deletions.violations == []
-    assert pdbs.violations == []
+    # The PDB checker saw the budget met before the first drain and kept polling while the drains went on; without
+    # that, "no violation" would say nothing.
+    assert pdbs.armed_at.get("w", float("inf")) < drain_window[0], "the PDB checker was not armed before the drains"
+    assert pdbs.polls_between(*drain_window) >= len(outcomes), "the PDB checker hardly polled during the drains"
+    deletions.assert_ok()
+    pdbs.assert_ok()
     assert set(outcomes) <= {"deleted", "rolled-back"}
     for node in core.list_node(label_selector=f"{POOL_LABEL}=chaos").items:
         assert DRAIN_ANNOTATION not in (node.metadata.annotations or {})
@@ -311,7 +343,8 @@ def test_a_pod_that_must_not_be_disrupted_arriving_mid_drain_rolls_the_drain_bac
     finally:
         scaler.stop()
         deletions.stop()
-    assert x not in deletions.deleted and deletions.violations == []
+    assert x not in deletions.deleted
+    deletions.assert_ok()
     assert [o for n, o in deletions.drains.values() if n == x] == ["rolled-back"]
 
 
@@ -339,16 +372,86 @@ def test_two_replicas_only_the_leader_acts_and_the_other_takes_over_within_the_l
         assert "gpuaas_nodescaler_leader 0.0" in get(standby, "/metrics")
         leader.kill()
         t0 = time.monotonic()
-        wait_for(lambda: json.loads(get(standby, "/leader"))["leader"], timeout=10, interval=0.1,
+        wait_for(lambda: json.loads(get(standby, "/leader"))["leader"], timeout=60, interval=0.1,
                  what="the standby takes over")
-        takeover = time.monotonic() - t0
-        print(json.dumps({"takeover_s": round(takeover, 2), "lease_duration_s": 4}))
-        # Generous on this shared machine (bench/leader_takeover.py measures the time): with the shipped RBAC, which
-        # has no list/watch on the Lease, the standby polls, so the bound is the lease plus one retry period.
-        assert takeover <= 4 + 0.5 + 1.5
+        # How fast is bench/leader_takeover.py's to measure (target: the lease plus one retry period); here, order:
+        # the Lease names the standby, which had never reconciled before it led.
+        print(json.dumps({"takeover_s": round(time.monotonic() - t0, 2), "lease_duration_s": 4}))
+        lease = client.CoordinationV1Api(api).read_namespaced_lease("gpuaas-nodescaler", "gpuaas-system")
+        assert lease.spec.holder_identity == json.loads(get(standby, "/leader"))["identity"]
         core.create_namespaced_pod(ns, only_on_new_a100x8(gpu_pod("p2", ns, gpus=8)))
         wait_for(lambda: running(api, ns) == 2, timeout=60, what="p2 Running on a node the new leader added")
         assert 'gpuaas_nodescaler_nodes_added_total{group="a100x8"} 1.0' in get(standby, "/metrics")
     finally:
         a.stop()
         b.stop()
+
+
+def test_nodes_in_service_that_go_unready_keep_their_pods_past_max_provision_s(env, ns):
+    """Issue 13, defect 1: a Ready GPU node with running pods goes NotReady, another reports 0 allocatable GPUs (a
+    device-plugin restart), both for longer than max_provision_s (1 s here). Before, each was deleted at once as a
+    failed provision, pods and all. Now both keep their pods; within unready_drain_s (default 20 min) nothing is
+    touched."""
+    cluster, workdir, _ = env
+    api = cluster.api
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    cluster.add_pools(parse_pool_spec({"pools": [{"name": "flaky", "count": 2, **A100X8}]}))
+    cfg = config()
+    cfg["groups"] = [{"name": "flaky", "template": A100X8, "min_size": 0, "max_size": 2, "cost_per_hour": 20,
+                      "max_provision_s": 1}]
+    cfg["scale_out"] = {"enabled": False}
+    # Two 4-GPU pods per node: both nodes full, so scale-in has no reason to touch them either.
+    dep = gpu_deployment("f", ns, replicas=4, gpus=4)
+    dep["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: "flaky"}
+    apps.create_namespaced_deployment(ns, dep)
+    wait_for(lambda: running(api, ns, "app=f") == 4, timeout=60, what="4 f pods Running")
+    before = {p.metadata.uid: p.spec.node_name for p in pods_in(api, ns, "app=f")}
+    x, y = sorted(set(before.values()))
+    deletions = NodeDeletionWatch(api).start()
+    scaler = nodescaler(workdir, cluster.sa_kubeconfig, cfg, name="ns-unready")
+    scaler.start(timeout=60)
+    try:
+        wait_for(lambda: all(GPU_READY_SEEN_ANNOTATION in (core.read_node(n).metadata.annotations or {})
+                             for n in (x, y)), timeout=30, interval=0.2,
+                 what="the node scaler records that both nodes were GPU-ready")
+        # x goes NotReady as when its kubelet stops: kwok stops playing it (it would set Ready back at once), and
+        # the Ready condition turns False.
+        core.patch_node(x, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "paused"}}})
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        core.patch_node_status(x, {"status": {"conditions": [{
+            "type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "e2e: kubelet stopped",
+            "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+            _content_type="application/strategic-merge-patch+json")
+        # y stays Ready but advertises no GPUs, as while the device plugin restarts.
+        core.patch_node_status(y, {"status": {"capacity": {"nvidia.com/gpu": "0"},
+                                              "allocatable": {"nvidia.com/gpu": "0"}}},
+                               _content_type="application/strategic-merge-patch+json")
+
+        def unready_seen():
+            events = core.list_event_for_all_namespaces(field_selector="reason=NodeUnready").items
+            return {x, y} <= {e.involved_object.name for e in events}
+
+        wait_for(lambda: unready_seen() or {x, y} & set(deletions.deleted), timeout=60, interval=0.2,
+                 what=f"NodeUnready events for {x} and {y}")
+        assert not {x, y} & set(deletions.deleted), f"deleted while in service: {deletions.deleted}"
+        # A few more reconciles that see both nodes unready, each past max_provision_s.
+        seen = reconciles(scaler)
+        wait_for(lambda: reconciles(scaler) >= seen + 3, timeout=60, interval=0.2, what="three more reconciles")
+        for n in (x, y):
+            node = core.read_node(n)  # 404 if it was deleted
+            assert DRAIN_ANNOTATION not in (node.metadata.annotations or {}) and not node.spec.unschedulable
+        after = {p.metadata.uid: p.spec.node_name for p in pods_in(api, ns, "app=f")
+                 if p.metadata.deletion_timestamp is None}
+        assert after == before, "the pods stay where they were, none evicted, deleted or replaced"
+    finally:
+        scaler.stop()
+        deletions.stop()
+        present = {n.metadata.name for n in group_nodes(api, "flaky")}
+        if y in present:
+            core.patch_node_status(y, {"status": {"capacity": {"nvidia.com/gpu": "8"},
+                                                  "allocatable": {"nvidia.com/gpu": "8"}}},
+                                   _content_type="application/strategic-merge-patch+json")
+        if x in present:
+            core.patch_node(x, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "fake"}}})  # kwok: Ready again
+    assert x not in deletions.deleted and y not in deletions.deleted
+    deletions.assert_ok()

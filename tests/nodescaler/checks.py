@@ -1,11 +1,17 @@
 """Invariant checkers that run beside an end-to-end test, in threads, for the whole test:
 
 - `PdbWatch`: polls every PodDisruptionBudget's pods (Ready and not terminating) every `interval`; once a budget's
-  pods have reached minAvailable, any later poll below it is a violation.
+  pods have reached minAvailable, any later poll below it is a violation. It records when each poll ended, so a test
+  can check that it polled while the disruptions it guards were going on.
 - `NodeDeletionWatch`: watches Nodes; when one is deleted it lists the pods still bound to it (from the apiserver);
-  a pod holding resources there (not Succeeded/Failed, not a DaemonSet pod) is a violation.
-- `DrainLog`: every drain record (`gpuaas.io/drain` id) seen on a node, and how it ended (node deleted, or annotation
-  gone with the node schedulable again).
+  a pod holding resources there (not Succeeded/Failed, not a DaemonSet pod) is a violation. A watch that expires
+  (410) is followed by a list, and a node missing from it is checked as deleted, so no deletion goes unchecked.
+  It also logs every drain record (`gpuaas.io/drain` id) seen on a node, when it opened and how it ended (node
+  deleted, or annotation gone with the node schedulable again).
+
+A checker that fails (an exception in its thread: it could not check for a while) does not fail silently: the error is
+kept, the checker goes on, and `assert_ok()` (which also fails on any violation, or a thread that did not stop) says
+so. Tests end with `assert_ok()` rather than reading `violations` alone.
 """
 from __future__ import annotations
 
@@ -45,15 +51,23 @@ class _Thread:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.thread.join(15)
+        self.thread.join(30)
 
     def _run(self) -> None:
         while not self.stop_event.is_set():
             try:
                 self.loop()
-            except Exception as err:  # keep watching through apiserver hiccups
-                self.errors.append(repr(err))
+            except Exception as err:  # keep watching, but a check that could not run is reported by assert_ok
+                self.errors.append(f"{time.time():.2f} {err!r}")
                 time.sleep(0.2)
+
+    def assert_ok(self) -> None:
+        """Fails on any violation, any error the checker ran into (it was blind meanwhile), or a thread still running
+        after stop()."""
+        name = type(self).__name__
+        assert not self.thread.is_alive(), f"{name} did not stop"
+        assert not self.errors, f"{name} could not check, {len(self.errors)} times: {self.errors[:5]}"
+        assert not self.violations, f"{name}: {self.violations}"
 
 
 class PdbWatch(_Thread):
@@ -66,6 +80,8 @@ class PdbWatch(_Thread):
         self.armed: set[str] = set()
         self.violations: list[str] = []
         self.polls = 0
+        self.poll_times: list[float] = []  # time.monotonic() at the end of each complete poll
+        self.armed_at: dict[str, float] = {}
         self.min_seen: dict[str, int] = {}
 
     def loop(self) -> None:
@@ -82,8 +98,13 @@ class PdbWatch(_Thread):
                     self.violations.append(f"{time.time():.2f} {name}: {healthy} healthy < minAvailable {want}")
             elif healthy >= want:
                 self.armed.add(name)
+                self.armed_at[name] = time.monotonic()
         self.polls += 1
+        self.poll_times.append(time.monotonic())
         self.stop_event.wait(self.interval)
+
+    def polls_between(self, start: float, end: float) -> int:
+        return sum(1 for t in self.poll_times if start <= t <= end)
 
 
 class NodeDeletionWatch(_Thread):
@@ -93,13 +114,20 @@ class NodeDeletionWatch(_Thread):
         self.deleted: list[str] = []
         self.violations: list[str] = []
         self.drains: dict[str, tuple[str, str]] = {}  # drain id -> (node, outcome: open|deleted|rolled-back)
+        self.opened_at: dict[str, float] = {}  # drain id -> time.monotonic() it was first seen
+        self.closed_at: dict[str, float] = {}  # drain id -> time.monotonic() it was seen to end
+        self.relists = 0
         self._annotated: dict[str, str] = {}  # node -> drain id on it now
+        self._known: set[str] = set()  # nodes that exist, as far as the watch has told
         self._rv: str | None = None
 
     def loop(self) -> None:
         if self._rv is None:  # one list, then watch from its resourceVersion without gaps
             listed = self.core.list_node()
             self._rv = listed.metadata.resource_version
+            names = {n.metadata.name for n in listed.items}
+            for gone in sorted(self._known - names):  # deleted while the watch was down: checked now
+                self._seen("DELETED", client.V1Node(metadata=client.V1ObjectMeta(name=gone)))
             for node in listed.items:
                 self._seen("ADDED", node)
         w = watch.Watch()
@@ -111,8 +139,8 @@ class NodeDeletionWatch(_Thread):
                     w.stop()
                     return
         except ApiException as err:
-            if err.status == 410:  # too old: list again (a deletion in the gap would go unchecked: counted)
-                self.errors.append("watch expired; relisted")
+            if err.status == 410:  # too old: list again (nodes gone meanwhile are checked then)
+                self.relists += 1
                 self._rv = None
                 return
             raise
@@ -121,6 +149,7 @@ class NodeDeletionWatch(_Thread):
         name = node.metadata.name
         drain = (node.metadata.annotations or {}).get(DRAIN_ANNOTATION)
         if kind == "DELETED":
+            self._known.discard(name)
             self.deleted.append(name)
             pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
             held = [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
@@ -129,14 +158,21 @@ class NodeDeletionWatch(_Thread):
             if held:
                 self.violations.append(f"node {name} deleted with pods on it: {held}")
             if name in self._annotated:
-                self.drains[self._annotated.pop(name)] = (name, "deleted")
-        elif drain:
+                did = self._annotated.pop(name)
+                self.drains[did] = (name, "deleted")
+                self.closed_at[did] = time.monotonic()
+            return
+        self._known.add(name)
+        if drain:
             did = json.loads(drain)["id"]
             self._annotated[name] = did
-            self.drains.setdefault(did, (name, "open"))
+            if did not in self.drains:
+                self.drains[did] = (name, "open")
+                self.opened_at[did] = time.monotonic()
         elif name in self._annotated:
             did = self._annotated.pop(name)
             self.drains[did] = (name, "rolled-back" if not node.spec.unschedulable else "annotation-gone-cordoned")
+            self.closed_at[did] = time.monotonic()
 
     def open_drains(self) -> dict[str, tuple[str, str]]:
         return {d: v for d, v in self.drains.items() if v[1] not in ("deleted", "rolled-back")}
