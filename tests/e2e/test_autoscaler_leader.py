@@ -1,7 +1,7 @@
 """Two `gpuaas autoscaler` processes behind one Lease against the session cluster: only the leader scales and writes
-events (the standby syncs and writes nothing), and after the leader is SIGKILLed the standby takes over within the
-lease time and acts. Both run with a ServiceAccount granted exactly AUTOSCALER_RULES and LEASE_RULES: what the
-autoscaler needs."""
+events (the standby syncs and writes nothing), and after the leader is SIGKILLed the standby takes over, not before
+the dead leader's last renewal expired, and acts. How fast is bench/leader_takeover.py's number, not a bound here.
+Both run with a ServiceAccount granted exactly AUTOSCALER_RULES and LEASE_RULES: what the autoscaler needs."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
 
 from gpuaas.cluster.components import ComponentProcess
 from gpuaas.cluster.prometheus import PrometheusServer
@@ -66,6 +66,18 @@ def event_instances(api, ns) -> list[str]:
     return [e.reporting_instance for e in items if e.reporting_component == "gpuaas-autoscaler"]
 
 
+def lease_records(api, namespace: str, since: str, *, until_holder: str) -> list:
+    """The Lease's specs as written after resourceVersion `since`, in order, up to the first held by `until_holder`."""
+    out = []
+    w = watch.Watch()
+    for event in w.stream(client.CoordinationV1Api(api).list_namespaced_lease, namespace, resource_version=since,
+                          field_selector=f"metadata.name={LEASE}", timeout_seconds=30):
+        out.append(event["object"].spec)
+        if out[-1].holder_identity == until_holder:
+            w.stop()
+    return out
+
+
 def test_two_autoscalers_only_the_leader_scales_and_the_other_takes_over(cluster, namespace, prometheus, tmp_path):
     api = cluster.api
     client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
@@ -84,7 +96,7 @@ def test_two_autoscalers_only_the_leader_scales_and_the_other_takes_over(cluster
     a.start(timeout=60)
     b.start(timeout=60)
     try:
-        leaders = wait_for(lambda: [p for p in (a, b) if status(p)["leader"]], timeout=15, what="a leader")
+        leaders = wait_for(lambda: [p for p in (a, b) if status(p)["leader"]], timeout=60, what="a leader")
         assert len(leaders) == 1
         leader, standby = leaders[0], (b if leaders[0] is a else a)
         wait_for(lambda: replicas(api, namespace) == 2, timeout=30, what="the leader scaling llm to min_replicas")
@@ -100,21 +112,30 @@ def test_two_autoscalers_only_the_leader_scales_and_the_other_takes_over(cluster
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         assert once.returncode == 1 and f"is held by {leader.name}" in once.stderr, once.stderr
 
+        coord = client.CoordinationV1Api(api)
+        before_kill = coord.read_namespaced_lease(LEASE, namespace)
         killed_at = time.time()
         leader.kill()
-        now = wait_for(lambda: (s := status(standby))["leader"] and s["first_sync_at"] and s, timeout=15,
+        now = wait_for(lambda: (s := status(standby))["leader"] and s["first_sync_at"] and s, timeout=60,
                        interval=0.05, what="the standby taking over")
-        takeover, first_sync = now["acquired_at"] - killed_at, now["first_sync_at"] - killed_at
-        print(json.dumps({"takeover_s": round(takeover, 3), "first_sync_s": round(first_sync, 3),
-                          "lease_duration_s": LEASE_S}))
-        assert takeover <= LEASE_S + 1.0  # the bound is asserted loosely here; bench/leader_takeover.py measures it
-        lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+        # Safety, not speed (bench/leader_takeover.py --component autoscaler measures the takeover time): the standby
+        # took the lease only after the dead leader's last renewal had expired. Every write to the Lease since before
+        # the kill, replayed from the apiserver in order: the dead leader's last renewTime, then the standby's term.
+        records = [before_kill.spec, *lease_records(api, namespace, before_kill.metadata.resource_version,
+                                                    until_holder=standby.name)]
+        last_renewal = max(r.renew_time for r in records if r.holder_identity == leader.name)
+        print(json.dumps({"takeover_s": round(now["acquired_at"] - killed_at, 3),
+                          "first_sync_s": round(now["first_sync_at"] - killed_at, 3), "lease_duration_s": LEASE_S,
+                          "acquired_after_expiry_s": round(now["acquired_at"] - last_renewal.timestamp() - LEASE_S, 3)}))
+        assert now["acquired_at"] >= last_renewal.timestamp() + LEASE_S, (last_renewal, now)
+        assert [r.holder_identity for r in records][-1] == standby.name
+        lease = coord.read_namespaced_lease(LEASE, namespace)
         assert lease.spec.holder_identity == standby.name and lease.spec.lease_transitions >= 1
 
         # the new leader acts: someone scales llm down by hand, it restores min_replicas and says so
         client.AppsV1Api(api).patch_namespaced_deployment_scale("llm", namespace, {"spec": {"replicas": 1}})
         wait_for(lambda: replicas(api, namespace) == 2, timeout=30, what="the new leader restoring min_replicas")
-        after = wait_for(lambda: (e := event_instances(api, namespace)) and standby.name in e and e, timeout=10,
+        after = wait_for(lambda: (e := event_instances(api, namespace)) and standby.name in e and e, timeout=30,
                          what="an event of the new leader")
         assert set(after) == {leader.name, standby.name}
     finally:
