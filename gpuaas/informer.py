@@ -6,7 +6,7 @@ complete list. Every change is also handed to `on_change(kind, old, new)`.
 
 Watch events are newline-delimited JSON, one object per line. The body is read in chunks and split here, with a
 bound of `MAX_EVENT_BYTES` (16 MiB) per line: aiohttp's own line reader stops at 512 KiB, which made every update of a
-big object (a pod with a 1 MiB annotation) break the watch and relist. 16 MiB is well above what the apiserver
+big object (a pod with 1 MiB of environment values) break the watch and relist. 16 MiB is well above what the apiserver
 stores: etcd refuses requests over 1.5 MiB by default (`--max-request-bytes`) and kube-apiserver refuses bodies over
 3 MiB, so an object's JSON in a watch event, a little larger than its stored protobuf, stays far below the bound.
 
