@@ -37,10 +37,10 @@ from .drain import DeleteNode, DrainAction, Evict, Rollback, Wait, drain_step, e
     start_patch
 from .metrics import Metrics
 from .provider import NodeNotFound, Provider, ProviderError
-from .scalein import Round, in_service, must_move, plan_scale_in, update_unneeded, update_unready
+from .scalein import Round, must_move, plan_scale_in, update_unneeded, update_unready
 from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
 from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, DrainRecord, \
-    Snapshot, pod_info
+    Snapshot, in_service, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
 COMPONENT = "gpuaas-nodescaler"

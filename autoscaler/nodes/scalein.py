@@ -25,7 +25,7 @@ from scoring.policies import feasible
 
 from .config import NodeScalerConfig
 from .scaleout import block_rows, place_greedy, snapshot_rows, unavailable_rows
-from .snapshot import NodeInfo, PdbInfo, PodInfo, Snapshot
+from .snapshot import NodeInfo, PdbInfo, PodInfo, Snapshot, in_service
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,6 @@ class DrainCommand:
 def must_move(pods: Sequence[PodInfo]) -> list[PodInfo]:
     """The pods that have to leave before the node may go: everything holding resources but DaemonSet and static pods."""
     return [p for p in pods if p.holds and not p.daemon]
-
-
-def in_service(node: NodeInfo, pods: Sequence[PodInfo]) -> bool:
-    """The node has been in service: gpuaas saw it GPU-ready (the annotation it writes then), or pods that are not
-    DaemonSet or static pods are bound to it. Such a node is never a failed provision, whatever its state now."""
-    return node.gpu_ready_seen is not None or bool(must_move(pods))
 
 
 def eviction_blocker(pod: PodInfo, pdbs: Sequence[PdbInfo], *, check_budget: bool = True) -> str | None:

@@ -27,7 +27,7 @@ from scoring.policies import feasible, make_policy, select_node
 
 from .config import NodeGroupConfig, NodeScalerConfig
 from scoring.constraints import Placement, allows
-from .snapshot import NodeInfo, PodInfo, Snapshot
+from .snapshot import NodeInfo, PodInfo, Snapshot, in_service
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,14 @@ def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
 def upcoming_specs(snap: Snapshot, config: NodeScalerConfig,
                    requested: Iterable[Upcoming]) -> tuple[list[NodeSpec], list[tuple[Mapping[str, str], tuple]]]:
     """Capacity on its way, with each node's (labels, taints): booting nodes of managed groups (as their template),
-    nodes asked for and not yet seen, and nodes in the middle of a MIG repartition (as their new layout)."""
+    nodes asked for and not yet seen, and nodes in the middle of a MIG repartition (as their new layout). A node in
+    service that went unready is not on its way: nothing says it comes back, and pods must not wait for it."""
     specs, rows = [], []
     for n in snap.nodes.values():
         group = config.group(n.group)
         if n.drain is not None or n.unschedulable:
+            continue
+        if n.booting and not n.mig_pending and in_service(n, snap.pods_on(n.name)):
             continue
         if n.booting and group is not None:
             # As the template says, not as it looks now: a registering node carries the lifecycle controller's

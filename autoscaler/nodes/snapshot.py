@@ -126,6 +126,13 @@ class PodInfo:
         return bool(self.node) and self.phase not in ("Succeeded", "Failed")
 
 
+def in_service(node: NodeInfo, pods: Iterable[PodInfo]) -> bool:
+    """The node has been in service: gpuaas saw it GPU-ready (the annotation it writes then), or pods other than
+    DaemonSet and static pods are bound to it (`pods`: those on the node). Such a node is never a failed provision,
+    nor capacity on its way, whatever its state now."""
+    return node.gpu_ready_seen is not None or any(p.holds and not p.daemon for p in pods)
+
+
 @dataclass(frozen=True)
 class PdbInfo:
     key: str

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import pytest
 
 from autoscaler.nodes.controller import Memory, decide
+from autoscaler.nodes.provider import FakeProvider
 from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, SCALE_DOWN_DISABLED
 
-from .builders import A100X8, T0, booting_node, config, nodes, pod
+from .builders import A100X8, T0, booting_node, config, iso, nodes, pending, pod
 from .test_controller import DeletingProvider, FakeCluster, make
 
 GROUPS = [{"name": "a100", "template": A100X8, "min_size": 0, "max_size": 10, "cost_per_hour": 20,
@@ -189,3 +190,18 @@ def test_a_node_whose_mig_layout_is_being_changed_is_not_timed_as_unready():
     d = decide(cluster.snapshot(T0), Memory(unready={"a100-0000": T0 - 5000}), cfg())
     assert d.unready == {} and d.failed_nodes == []
     assert d.scale_in is None or d.scale_in.commands == []
+
+
+def test_an_unready_node_in_service_is_not_capacity_pending_pods_wait_for():
+    """A booting node is capacity on its way (pods wait for it rather than buy another); a node in service that went
+    unready is not: nothing says it comes back. Its group grows for a pod that needs a node."""
+    c = config(GROUPS, scale_in={"unneeded_s": 0, "delay_after_add_s": 0, "unready_drain_s": WINDOW})
+    waiting = pending("p", gpus=8)
+    waiting["spec"]["nodeSelector"] = {"gpuaas.io/pool": "a100"}
+    for state, grows in (("booting", []), ("not-ready", [("a100", 1)])):
+        n = node(state, seen=state != "booting")
+        n["metadata"]["creationTimestamp"] = iso(T0 - 10)  # within max_provision_s: not a failed provision either
+        cluster = FakeCluster([n], [waiting])
+        provider = FakeProvider()
+        make(cluster, c, provider=provider).run_once(T0)
+        assert provider.grow_calls == grows, state
