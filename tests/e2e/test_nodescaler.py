@@ -455,3 +455,51 @@ def test_nodes_in_service_that_go_unready_keep_their_pods_past_max_provision_s(e
             core.patch_node(x, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "fake"}}})  # kwok: Ready again
     assert x not in deletions.deleted and y not in deletions.deleted
     deletions.assert_ok()
+
+
+def test_a_node_unready_past_unready_drain_s_is_drained_under_its_pdb_and_deleted_only_when_empty(env, ns):
+    """After `unready_drain_s` (2 s here) a node in service that stays unready (0 allocatable GPUs) is drained as an
+    idle node is: cordoned, its pods evicted one at a time under their PodDisruptionBudget, and deleted only once none
+    is bound to it; the pods run elsewhere in the group."""
+    cluster, workdir, _ = env
+    api = cluster.api
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    cluster.add_pools(parse_pool_spec({"pools": [{"name": "unr", "count": 3, **A100X8}]}))
+    cfg = config()
+    cfg["groups"] = [{"name": "unr", "template": A100X8, "min_size": 0, "max_size": 3, "cost_per_hour": 20,
+                      "max_provision_s": 1}]
+    cfg["scale_out"] = {"enabled": False}
+    # utilization_threshold 0: no node is idle enough for scale-in; only the unready path may drain.
+    cfg["scale_in"] = {**cfg["scale_in"], "utilization_threshold": 0, "unready_drain_s": 2}
+    dep = gpu_deployment("u", ns, replicas=4, gpus=4)
+    dep["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: "unr"}
+    apps.create_namespaced_deployment(ns, dep)
+    client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(ns, pdb(ns, "u", 3))
+    wait_for(lambda: running(api, ns, "app=u") == 4, timeout=60, what="4 u pods Running")
+    x = sorted(p.spec.node_name for p in pods_in(api, ns, "app=u"))[0]
+    on_x = {p.metadata.name for p in pods_in(api, ns, "app=u") if p.spec.node_name == x}
+    pdbs, deletions = PdbWatch(api, ns).start(), NodeDeletionWatch(api).start()
+    scaler = nodescaler(workdir, cluster.sa_kubeconfig, cfg, name="ns-unready-drain")
+    scaler.start(timeout=60)
+    try:
+        wait_for(lambda: GPU_READY_SEEN_ANNOTATION in (core.read_node(x).metadata.annotations or {}), timeout=30,
+                 interval=0.2, what=f"the node scaler records that {x} was GPU-ready")
+        wait_for(lambda: "u" in pdbs.armed, timeout=30, interval=0.1, what="the PDB checker armed")
+        core.patch_node_status(x, {"status": {"capacity": {"nvidia.com/gpu": "0"},
+                                              "allocatable": {"nvidia.com/gpu": "0"}}},
+                               _content_type="application/strategic-merge-patch+json")
+        wait_for(lambda: x in deletions.deleted, timeout=120, interval=0.2, what=f"{x} drained and deleted")
+        wait_for(lambda: running(api, ns, "app=u") == 4, timeout=60, what="4 u pods Running elsewhere")
+    finally:
+        scaler.stop()
+        pdbs.stop()
+        deletions.stop()
+    assert [o for n, o in deletions.drains.values() if n == x] == ["deleted"], "deleted through a drain"
+    assert {p.spec.node_name for p in pods_in(api, ns, "app=u")} & {x} == set()
+    evicted = {e.involved_object.name for e in core.list_namespaced_event(ns, field_selector="reason=ScaleDown").items}
+    assert on_x <= evicted, "its pods left through the Eviction API"
+    drain_window = (deletions.opened_at[next(d for d, (n, _) in deletions.drains.items() if n == x)],
+                    deletions.closed_at[next(d for d, (n, _) in deletions.drains.items() if n == x)])
+    assert pdbs.polls_between(*drain_window) >= 1, "the PDB checker polled during the drain"
+    pdbs.assert_ok()
+    deletions.assert_ok()  # no node deleted with a pod bound to it
