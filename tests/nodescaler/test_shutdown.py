@@ -129,8 +129,9 @@ def test_shutdown_waits_for_the_reconcile_and_no_write_lands_after_the_lease_is_
     svc.elector = FakeElector(log)
     provider = BlockingProvider(log)
     cluster = RecordingCluster(log)
-    svc.scaler = NodeScaler(cfg, svc._no_snapshot, cluster, provider, metrics=svc.metrics, may_act=svc.is_leader
-                            if not hasattr(svc, "may_write") else svc.may_write)
+    # As Service wires it (getattr: the same test runs against e3637bb, which had only is_leader, to show the race).
+    svc.scaler = NodeScaler(cfg, svc._no_snapshot, cluster, provider, metrics=svc.metrics,
+                            may_act=getattr(svc, "may_write", svc.is_leader))
 
     async def scenario():
         stop = asyncio.Event()
