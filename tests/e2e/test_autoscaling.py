@@ -56,6 +56,16 @@ def burst(quiet_s: float, burst_s: float, tail_s: float, rate: float, quiet_rate
     return out
 
 
+def end_burst(replayer: Replayer, api, namespace: str) -> Replayer:
+    """End the burst when the test has seen what it waits for, not at a time fixed in the trace: the replayer is
+    replaced on the same port (the same scrape target) by one playing the quiet rate to the same pods, which serve
+    at once. What was queued goes with the old one; Prometheus's rate() takes the counters' reset."""
+    port = replayer.port
+    replayer.stop()
+    quiet = burst(quiet_s=600, burst_s=0, tail_s=0, rate=1)
+    return Replayer(api, namespace, "llm", quiet, model=MODEL, port=port, poll_s=0.25).start(warm=True)
+
+
 @pytest.fixture(scope="module")
 def autoscaler_kubeconfig(cluster):
     return cluster.service_account_kubeconfig(AUTOSCALER, "gpuaas-autoscaler")
@@ -146,31 +156,38 @@ def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, autosc
                                                                   namespace):
     api = cluster.api
     client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
-    # 30 req/s x 2 s = 60 busy slots: 8 replicas' worth (8 slots each); before and after, 0.5 req/s needs one.
-    trace = burst(quiet_s=8, burst_s=25, tail_s=300, rate=30)
+    # 30 req/s x 2 s = 60 busy slots: 8 replicas' worth (8 slots each); before and after, 0.5 req/s needs one. The
+    # burst lasts until the test ends it (end_burst), so a slow machine cannot see it end before the scale-up.
+    trace = burst(quiet_s=8, burst_s=600, tail_s=0, rate=30)
     replayer = Replayer(api, namespace, "llm", trace, model=MODEL, port=prom_ports[0], poll_s=0.25).start()
     config = controller_config(namespace, prometheus.url)
+    window_s = config.targets[0].scale_down_window_s
     controller = Controller(config, Prometheus(prometheus.url, timeout_s=1), KubeTargets(autoscaler_api))
     controller.validate()
     stop = threading.Event()
     loop = threading.Thread(target=controller.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        wait_for(lambda: replicas(api, namespace, "llm") >= 5, timeout=45, what="scale-up under the burst")
+        wait_for(lambda: replicas(api, namespace, "llm") >= 5, timeout=180, what="scale-up under the burst")
         peak = replicas(api, namespace, "llm")
         ups = [e for e in events(api, namespace, "llm", "gpuaas-autoscaler") if e.reason == "ScaleUp"]
         assert ups and "arrival" in ups[0].message, ups
-        # The burst ends at t=33 s. Hang Prometheus (SIGSTOP: connections open, no answers) before the controller
-        # could scale down: it must hold, say why in an event and a condition, and not scale down.
-        wait_for(lambda: replayer.now() > 34, timeout=60, what="end of the burst")
+        # Hang Prometheus (SIGSTOP: connections open, no answers), then end the burst: the controller cannot see
+        # the load fall, and must hold, say why in an event and a condition, and not scale down.
         prometheus.pause()
         try:
+            replayer = end_burst(replayer, api, namespace)
             held = wait_for(lambda: [e for e in events(api, namespace, "llm", "gpuaas-autoscaler")
-                                     if e.reason == "MetricsUnavailable"], timeout=20, what="MetricsUnavailable event")
+                                     if e.reason == "MetricsUnavailable"], timeout=60, what="MetricsUnavailable event")
             assert "no scale-down" in held[0].message
             before = replicas(api, namespace, "llm")
-            time.sleep(10)  # several syncs (1 s) and longer than the scale-down window (8 s)
-            assert replicas(api, namespace, "llm") == before >= 2
+            assert before >= 2
+            # Several syncs, over longer than the scale-down window: replicas seen at each poll meanwhile.
+            seen, syncs, since = [], controller.syncs, time.monotonic()
+            wait_for(lambda: seen.append(replicas(api, namespace, "llm")) or (
+                controller.syncs >= syncs + 3 and time.monotonic() - since > window_s + 2),
+                timeout=120, what=f"3 syncs and {window_s + 2:g} s without metrics")
+            assert set(seen) == {before}, seen
             dep = client.AppsV1Api(api).read_namespaced_deployment("llm", namespace)
             conditions = {c["type"]: c for c in json.loads(dep.metadata.annotations[CONDITIONS_ANNOTATION])}
             assert conditions["ScalingActive"]["status"] == "False"
@@ -178,11 +195,11 @@ def test_controller_scales_up_and_down_and_holds_without_metrics(cluster, autosc
             assert "did not answer within 1s" in conditions["ScalingActive"]["message"]
         finally:
             prometheus.resume()
-        wait_for(lambda: replicas(api, namespace, "llm") == 1, timeout=60, what="scale-down after the burst")
+        wait_for(lambda: replicas(api, namespace, "llm") == 1, timeout=120, what="scale-down after the burst")
         # The event follows the scale in the controller's thread: wait for it rather than race it.
         wanted = {"ScaleUp", "ScaleDown", "MetricsUnavailable", "MetricsRecovered"}
         wait_for(lambda: wanted <= {e.reason for e in events(api, namespace, "llm", "gpuaas-autoscaler")},
-                 timeout=10, what=f"events {sorted(wanted)}")
+                 timeout=30, what=f"events {sorted(wanted)}")
         dep = client.AppsV1Api(api).read_namespaced_deployment("llm", namespace)
         conditions = {c["type"]: c for c in json.loads(dep.metadata.annotations[CONDITIONS_ANNOTATION])}
         assert conditions["ScalingActive"]["status"] == "True"
@@ -218,7 +235,7 @@ def metrics_api(cluster, metrics_api_api, prometheus, namespace):
 def test_stock_hpa_scales_on_our_custom_metrics(cluster, prometheus, prom_ports, namespace, metrics_api):
     api = cluster.api
     client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("llm", namespace, gpus=1))
-    trace = burst(quiet_s=5, burst_s=35, tail_s=300, rate=30)
+    trace = burst(quiet_s=5, burst_s=600, tail_s=0, rate=30)  # until end_burst
     replayer = Replayer(api, namespace, "llm", trace, model=MODEL, port=prom_ports[1], poll_s=0.25).start()
     try:
         raw = wait_for(lambda: _raw(cluster, f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/"
@@ -235,11 +252,11 @@ def test_stock_hpa_scales_on_our_custom_metrics(cluster, prometheus, prom_ports,
                      "metrics": [{"type": "Pods", "pods": {"metric": {"name": "queue_depth"},
                                                            "target": {"type": "AverageValue", "averageValue": "2"}}}],
                      "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}}})
-        wait_for(lambda: replicas(api, namespace, "llm") >= 2, timeout=75, what="the HPA scaling up")
+        wait_for(lambda: replicas(api, namespace, "llm") >= 2, timeout=180, what="the HPA scaling up")
         hpa = client.AutoscalingV2Api(api).read_namespaced_horizontal_pod_autoscaler("llm", namespace)
         assert hpa.status.current_metrics and hpa.status.current_metrics[0].pods.metric.name == "queue_depth"
-        wait_for(lambda: replayer.now() > 41, timeout=60, what="end of the burst")
-        wait_for(lambda: replicas(api, namespace, "llm") == 1, timeout=75, what="the HPA scaling back down")
+        replayer = end_burst(replayer, api, namespace)
+        wait_for(lambda: replicas(api, namespace, "llm") == 1, timeout=180, what="the HPA scaling back down")
     finally:
         replayer.stop()
 
