@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from scoring.gpus import MIG_RESOURCE_PREFIX, get_model, model_by_product
+from scoring.gpus import MIG_RESOURCE_PREFIX, MigLayoutError, get_model, model_by_product, resolve_mig_layout
 from scoring.model import MAX_GPUS_PER_NODE, MILLI, NodeSpec, PodDemand
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -258,6 +258,11 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
         model = get_model(product or "unknown")  # raises UnknownGpuModelError naming the catalog
     mig_gpus = max(0, gpus - whole // replicas) if any(mig_alloc.values()) else 0
     layouts = _mig_layouts(gpus, mig_gpus, {p: n for p, n in mig_alloc.items() if n}, where)
+    for layout in {tuple(sorted(per_gpu.items())) for per_gpu in layouts or () if per_gpu}:
+        try:  # here, not when the model is built: one unreadable node must not stop every decision
+            resolve_mig_layout(model, dict(layout))
+        except MigLayoutError as err:
+            raise ObjectError(f"{where}: its allocatable MIG instances do not fit its GPUs: {err}") from None
     return NodeSpec(name, cpu, mem, gpus=gpus, gpu_model=model.name,
                     gpu_blocks=_blocks(_map(meta.get("annotations"), f"{where}: metadata.annotations"), gpus, where),
                     mig_layouts=layouts, node_group=pool)
@@ -364,8 +369,8 @@ def _request_nanos(pod: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _container_requests(container: Any, where: str, field: str, i: int) -> list[tuple[str, int]]:
-    if type(container) is not dict:  # exact-type checks first: this runs once per container, thousands per pod
-        _map(container, f"{where}: spec.{field}[{i}]")
+    if type(container) is not dict and not isinstance(container, Mapping):  # the exact type first: thousands a pod
+        raise ObjectError(f"{where}: spec.{field}[{i}]: must be an object, got {type(container).__name__}")
     res = container.get("resources")
     if res is None:
         return []

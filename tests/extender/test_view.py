@@ -187,3 +187,13 @@ def test_a_filter_body_cannot_change_what_bind_and_the_informer_believe_a_pod_as
     svc.filter(ExtenderArgs(Pod=forged, NodeNames=names()))
     view.on_change("Pod", None, bound(victim, "a100-0002"))
     assert free_gpus(view, "a100-0002") == 6
+
+
+def test_a_prioritize_body_naming_a_bound_pod_does_not_move_its_gpus():
+    """A request body is not the informer: prioritize for a pod the watch shows bound holds nothing for it (it once
+    released the bound pod's GPUs to hold the body's guess elsewhere)."""
+    view = view_with_nodes()
+    view.on_change("Pod", None, bound(pending("busy", gpus=6), "a100-0000", "0,1,2,3,4,5"))
+    svc = service(view, RecordingBinder(), {})
+    svc.prioritize(ExtenderArgs(Pod=pending("busy", gpus=1), NodeNames=["h100-0000"]))
+    assert free_gpus(view, "a100-0000") == 2 and free_gpus(view, "h100-0000") == 4
