@@ -6,7 +6,7 @@ printed as JSON. Both times come from the replicas' /leader endpoint (wall clock
     python bench/leader_takeover.py [--component nodescaler|autoscaler] [--kills 12] [--lease-rbac watch|poll]
 
 Timings: lease 4 s, renew deadline 3 s, retry period 0.5 s (the end-to-end tests' setting). The replicas run with a
-ServiceAccount: the nodescaler with deploy/nodescaler/rbac.yaml, the autoscaler with the rules its end-to-end test
+ServiceAccount: the nodescaler with deploy/bases/nodescaler (its RBAC), the autoscaler with the rules its end-to-end test
 grants. `--lease-rbac watch` adds list and watch on the Lease (the standby sees each renewal as it happens);
 `poll` leaves them out (the standby reads the Lease every retry period).
 """
@@ -38,7 +38,7 @@ from tests.e2e.test_autoscaler_leader import AUTOSCALER_RULES  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
 TIMINGS = {"lease_duration_s": 4, "renew_deadline_s": 3, "retry_period_s": 0.5}
-NS = "gpuaas-system"  # deploy/nodescaler/rbac.yaml binds its ServiceAccount there
+NS = "gpuaas-system"  # deploy/bases/nodescaler binds its ServiceAccount there
 
 
 def status(proc: ComponentProcess) -> dict:
@@ -73,7 +73,7 @@ def setup(component: str, cluster: LocalCluster, workdir: Path, lease_rbac: str)
     lease = lease_rules(lease_name, watch=lease_rbac == "watch")
     prometheus = None
     if component == "nodescaler":
-        kubeconfig = cluster.service_account_kubeconfig(REPO / "deploy" / "nodescaler" / "rbac.yaml",
+        kubeconfig = cluster.service_account_kubeconfig(REPO / "deploy" / "bases" / "nodescaler",
                                                         "gpuaas-nodescaler", namespace=NS)
         if lease_rbac == "watch":  # on top of the shipped Role (get, update, create)
             extra = workdir / "lease-watch.yaml"
