@@ -21,7 +21,8 @@ class Metrics:
                                           "From the oldest pod of a scale-up turning unschedulable to the grow request",
                                           buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
         self.pending = Gauge("gpuaas_nodescaler_unschedulable_gpu_pods", "Unschedulable GPU pods seen", registry=r)
-        self.group_size = Gauge("gpuaas_nodescaler_group_nodes", "Nodes per group and state (ready, booting, draining)",
+        self.group_size = Gauge("gpuaas_nodescaler_group_nodes", "Nodes per group and state (ready, booting, "
+                                "unready: in service but not GPU-ready, draining)",
                                 ["group", "state"], registry=r)
         self.backoff = Gauge("gpuaas_nodescaler_group_backed_off", "1 while a group is backed off", ["group"],
                              registry=r)
