@@ -142,7 +142,8 @@ class ExtenderService:
     async def explain(self, pod_ref: str, node: str) -> dict[str, Any]:
         namespace, _, name = pod_ref.rpartition("/")
         try:  # checked as the apiserver checks names before they reach a lookup (and its URL)
-            namespace, name = dns1123_label(namespace or "default", "pod namespace"), dns1123_subdomain(name, "pod name")
+            namespace = dns1123_label(namespace or "default", "pod namespace")
+            name = dns1123_subdomain(name, "pod name")
             dns1123_subdomain(node, "node")
         except InvalidName as err:
             raise BadRequest(f"explain ?pod=NAMESPACE/NAME&node=NODE: {err}") from None

@@ -7,8 +7,8 @@ come back exactly as it did before any fuzzing.
 
 Two kinds of property. Those built from hypothesis strategies (JSON values, quantities, names, mutations of valid
 bodies; shrinkable) cost ~5 ms an example to generate on a 2-core machine, too slow for 20,000 in CI; they run a few
-hundred each, with the probe after every example. The bulk (`seeded`, 18,350) draws a seed and a target from
-hypothesis and applies the same kinds of mutation with a seeded random.Random, ~0.1 ms; the probe follows every
+hundred each, with the probe after every example. The bulk (`seeded`, 18,350) draws a seed from hypothesis, then
+picks a target and applies the same kinds of mutation with a seeded random.Random (~0.1 ms); the probe follows every
 PROBE_EVERY-th example and the last (a corruption of the model persists, so it is still seen). Examples are
 derandomized, so CI runs the same ones every time; each property checks it ran its share of EXAMPLES_TOTAL.
 """
@@ -111,7 +111,8 @@ grammar_quantities = st.builds(
     lambda sign, num, dot, denom, suffix: f"{sign}{num}{dot}{denom}{suffix}",
     st.sampled_from(["", "+", "-"]), st.text("0123456789", max_size=25), st.sampled_from(["", ".", "_"]),
     st.text("0123456789", max_size=12),
-    st.sampled_from(["", "m", "k", "M", "G", "E", "Ki", "Mi", "Gi", "Ei", "e3", "e-9", "E+18", "e999999999", "ki", "e"]))
+    st.sampled_from(["", "m", "k", "M", "G", "E", "Ki", "Mi", "Gi", "Ei", "e3", "e-9", "E+18", "e999999999", "ki",
+                     "e"]))
 quantities = st.one_of(
     grammar_quantities,
     st.sampled_from(["Infinity", "-Infinity", "NaN", "inf", "1e999999999", "9" * 5000, "0." + "0" * 5000 + "1",
