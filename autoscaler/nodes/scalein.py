@@ -244,7 +244,7 @@ class Underutilized:
             r.state = trial  # later candidates see these pods moved
 
 
-# Tried in order; the first methods are the cheapest disruptions.
+# Tried in order: capacity that does not work first, then the cheapest disruptions.
 METHODS: tuple[Method, ...] = (
     Unready(),        # capacity that does not work: its pods are not running well where they are
     Emptiness(),      # nothing to evict: no disruption at all
