@@ -18,6 +18,7 @@ import asyncio
 import copy
 import gzip
 import json
+import logging
 import random
 from collections.abc import Callable
 from typing import Any
@@ -85,9 +86,16 @@ class Harness:
 
 @pytest.fixture(scope="module")
 def harness():
+    # Tens of thousands of refused binds and expired holds would each log a warning (and pytest keep every record).
+    quiet = [logging.getLogger(name) for name in ("gpuaas.extender", "scoring.clusterview", "aiohttp.server")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
     h = Harness()
     yield h
     h.close()
+    for logger, level in zip(quiet, levels):
+        logger.setLevel(level)
 
 
 def run_property(name: str, prop: Callable[..., None], *strategies) -> None:
