@@ -19,7 +19,7 @@ import statistics
 import time
 
 from scoring.clusterview import ClusterView
-from scoring.kubeobjects import _quantity_nanos, pod_demand
+from scoring.kubeobjects import _read_short_quantity, pod_demand
 
 
 def pod(sidecars: int, own_resources: bool) -> dict:
@@ -57,7 +57,7 @@ def main() -> None:
         assert demand.gpus == 1, demand
 
         def cold() -> None:
-            _quantity_nanos.cache_clear()
+            _read_short_quantity.cache_clear()
             pod_demand(p)
 
         out[shape] = {

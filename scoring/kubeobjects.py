@@ -19,6 +19,11 @@ Pod (requests of all containers, init containers as kube-scheduler counts them)
   annotation gpuaas.io/gpu-models: "A100-80GB,H100-80GB"   GPU models the pod accepts (names or product labels)
   annotation gpuaas.io/devices: "0,1"   GPU indices gpuaas assigned at bind (for MIG: the GPU holding the instance)
 
+Quantities are read as Kubernetes reads them (resource.ParseQuantity's grammar; see _read_quantity), requests and
+allocatable must not be negative, and a value of the wrong JSON type is an ObjectError naming the field: nothing a
+Node or Pod holds ends in another exception. The work one pod can cause is linear in its size and bounded by
+MAX_CONTAINERS.
+
 Everything here is pure: no I/O, no clock.
 """
 from __future__ import annotations
@@ -73,8 +78,13 @@ class UnsupportedDemand(ObjectError):
     share outside 1..1000, a GPU model gpuaas does not know): the pod's own problem, reported to its owner."""
 
 
-@functools.lru_cache(maxsize=4096)
 def _quantity_nanos(text: str) -> int:
+    """_read_quantity, remembered for the short strings pods and nodes repeat ("500m", "16Gi"); a long one (valid
+    ones can be megabytes of zeros) is read each time rather than kept."""
+    return _read_short_quantity(text) if len(text) <= 40 else _read_quantity(text)
+
+
+def _read_quantity(text: str) -> int:
     """A quantity string in billionths, as resource.ParseQuantity reads it (after the JSON decoder's TrimSpace): the
     same grammar, a value below a billionth rounded away from zero, a binary-SI value capped at MAX_AMOUNT, an
     exponent wrapped to int32 as Go does. A decimal value beyond MAX_AMOUNT is refused (Kubernetes keeps it, but
@@ -126,6 +136,9 @@ def _quantity_nanos(text: str) -> int:
     return -nanos if sign == "-" else nanos
 
 
+_read_short_quantity = functools.lru_cache(maxsize=4096)(_read_quantity)
+
+
 def _nanos(value: Any) -> int:
     """A quantity as JSON carries it (a string, or a number) in billionths; ValueError says why not."""
     if isinstance(value, str):
@@ -143,7 +156,7 @@ def _decimal(nanos: int) -> Decimal:
 
 def parse_quantity(value: Any, what: str = "quantity") -> Decimal:
     """A Kubernetes resource quantity ("500m", "1Gi", "2", 3) as a Decimal, exactly as resource.ParseQuantity reads it
-    (see _quantity_nanos). Raises ObjectError naming `what`."""
+    (see _read_quantity). Raises ObjectError naming `what`."""
     try:
         return _decimal(_nanos(value))
     except ValueError as err:
@@ -489,11 +502,12 @@ def _allowed_models(pod: Mapping[str, Any], where: str) -> frozenset[str]:
 
 
 def _catalog_names(products) -> set[str]:
-    """Catalog names for product labels; an unknown product stays as it is (no modelled node has it)."""
+    """Catalog names for product labels; an unknown product stays as it is (no modelled node has it), cut to a label
+    value's 63 characters (a longer one matches no node either; the demand cache keeps no megabyte of it)."""
     out = set()
     for product in products:
         model = model_by_product(product) or _maybe_model(product)
-        out.add(model.name if model else product)
+        out.add(model.name if model else product if len(product) <= 63 else f"{product[:60]}...")
     return out
 
 

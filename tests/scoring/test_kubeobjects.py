@@ -366,3 +366,17 @@ def test_mig_instances_that_do_not_fit_make_the_node_unreadable_not_the_model():
     node["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] = "3"
     with pytest.raises(ObjectError, match="allocatable MIG instances do not fit its GPUs: 3 x 3g.40gb"):
         node_spec(node)
+
+
+def test_what_a_pod_says_is_not_kept_at_any_size():
+    """The quantity cache keeps short strings only (a valid quantity can be megabytes of zeros), and an unknown GPU
+    product a pod selects is kept cut to a label value's 63 characters (the demand cache holds thousands)."""
+    from scoring.kubeobjects import _read_short_quantity
+
+    before = _read_short_quantity.cache_info().currsize
+    assert parse_quantity("0." + "0" * 100_000 + "1") == Decimal("1e-9")
+    assert _read_short_quantity.cache_info().currsize == before
+    pod = gpu_pod("p", gpus=1)
+    pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "Z" * 1_000_000}
+    (allowed,) = pod_demand(pod).allowed_models
+    assert allowed == "Z" * 60 + "..."
