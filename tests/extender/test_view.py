@@ -197,3 +197,14 @@ def test_a_prioritize_body_naming_a_bound_pod_does_not_move_its_gpus():
     svc = service(view, RecordingBinder(), {})
     svc.prioritize(ExtenderArgs(Pod=pending("busy", gpus=1), NodeNames=["h100-0000"]))
     assert free_gpus(view, "a100-0000") == 2 and free_gpus(view, "h100-0000") == 4
+
+
+def test_a_pod_whose_accepted_models_change_is_read_anew():
+    """Keyed on content, the demand cache sees what a uid and generation do not: annotations change without a new
+    generation."""
+    view = view_with_nodes()
+    pod = pending("p", gpus=1)
+    pod["metadata"]["generation"] = 1
+    assert view.demand(pod).allowed_models == frozenset()
+    pod["metadata"]["annotations"] = {"gpuaas.io/gpu-models": "H100-80GB"}
+    assert view.demand(pod).allowed_models == {"H100-80GB"}
