@@ -9,13 +9,14 @@ from gpuaas.config import ConfigError, load_config
 
 def test_file_then_environment_then_overrides(tmp_path):
     path = tmp_path / "extender.yaml"
-    path.write_text("port: 9000\npolicy: fgd\nlog_level: DEBUG\ntls: {cert_file: /a.crt, key_file: /a.key}\n")
+    path.write_text("port: 9000\nhost: 0.0.0.0\npolicy: fgd\nlog_level: DEBUG\n"
+                    "tls: {cert_file: /a.crt, key_file: /a.key, client_ca_file: /ca.crt}\n")
     env = {f"{ENV_PREFIX}PORT": "9100", f"{ENV_PREFIX}TLS__KEY_FILE": "/b.key", "UNRELATED": "x"}
     config = load_config(ExtenderConfig, path, env_prefix=ENV_PREFIX, environ=env, overrides={"policy": "bestfit",
                                                                                                 "host": None})
     assert config.port == 9100  # environment over file
     assert config.policy == "bestfit"  # flag over both
-    assert config.host == "0.0.0.0"  # an unset flag does not override
+    assert config.host == "0.0.0.0"  # an unset flag does not override the file
     assert str(config.tls.cert_file) == "/a.crt" and str(config.tls.key_file) == "/b.key"  # nested merge
     assert config.log_level == "DEBUG"
 
