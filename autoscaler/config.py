@@ -107,12 +107,12 @@ class Target(Strict):
     @field_validator("deployment")
     @classmethod
     def _deployment(cls, v: str) -> str:
-        return dns1123_subdomain(v, "deployment")
+        return dns1123_subdomain(v, None)  # pydantic names the field
 
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, v: str) -> str:
-        return dns1123_label(v, "namespace")
+        return dns1123_label(v, None)  # pydantic names the field
 
     @field_validator("queries")
     @classmethod

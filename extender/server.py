@@ -35,7 +35,7 @@ from gpuaas.informer import Informer
 from gpuaas.kubeclient import ApiEndpoint
 
 from . import auth
-from .binder import ApiBinder, NoBinder
+from .binder import ApiBinder, NoBinder, pod_path
 from .config import ExtenderConfig
 from .metrics import Metrics
 from .service import BadRequest, ExtenderService
@@ -168,7 +168,6 @@ def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
                                                            config.token_review_ttl_seconds)))
     app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
     app[SERVICE], app[CONFIG], app[METRICS], app[READY] = service, config, metrics, ready
-    service.scheduler_names = tuple(config.scheduler_names)  # bind refuses pods of other schedulers
     app[PRIORITY_ENCODER] = HostPriorityEncoder()
     app.router.add_post("/filter", filter_verb)
     app.router.add_post("/prioritize", prioritize_verb)
@@ -219,7 +218,8 @@ def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]],
         return pods.get(f"{namespace}/{name}")
 
     metrics = Metrics()
-    return make_app(config, ExtenderService(view, NoBinder(), metrics, lookup), metrics, lambda: True, reviewer)
+    service = ExtenderService(view, NoBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names))
+    return make_app(config, service, metrics, lambda: True, reviewer)
 
 
 def live_app(config: ExtenderConfig) -> web.Application:
@@ -235,7 +235,7 @@ def live_app(config: ExtenderConfig) -> web.Application:
         pod = pods.store.get(f"{namespace}/{name}")
         if pod is not None:
             return pod
-        async with holder["session"].get(f"/api/v1/namespaces/{namespace}/pods/{name}") as resp:
+        async with holder["session"].get(pod_path(namespace, name)) as resp:
             if resp.status == 404:
                 return None
             resp.raise_for_status()
@@ -247,7 +247,8 @@ def live_app(config: ExtenderConfig) -> web.Application:
 
     metrics = Metrics()
     reviewer = ApiReviewer(lambda: holder["session"])
-    app = make_app(config, ExtenderService(view, LazyBinder(), metrics, lookup), metrics,
+    service = ExtenderService(view, LazyBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names))
+    app = make_app(config, service, metrics,
                    lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds), reviewer)
 
     async def informers(app: web.Application):

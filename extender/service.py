@@ -6,6 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
 from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
 from scoring.policies import feasible
@@ -30,8 +31,10 @@ class BadRequest(ValueError):
 
 
 class ExtenderService:
-    def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup):
+    def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup, *,
+                 scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,)):
         self.view = view
+        self.scheduler_names = scheduler_names  # bind refuses pods of other schedulers
         self.binder = binder
         self.metrics = metrics
         self.pod_lookup = pod_lookup
@@ -100,9 +103,8 @@ class ExtenderService:
             raise BadRequest(f"pod {key} not found", status=404)
         if pod["metadata"].get("uid") and pod["metadata"]["uid"] != args.PodUID:
             raise BadRequest(f"pod {key} does not have uid {args.PodUID}", status=409)  # never the pod's own uid
-        from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal  # what kube-scheduler's filters would refuse
-        names = getattr(self, "scheduler_names", (DEFAULT_SCHEDULER,))  # server.make_app sets the configured ones
-        refused = bind_refusal(pod, self.view.nodes.get(args.Node), names)
+        # What kube-scheduler's own filters would refuse, whoever asks: another scheduler's pod, a node it excludes.
+        refused = bind_refusal(pod, self.view.nodes.get(args.Node), self.scheduler_names)
         if refused:
             self.metrics.decisions.labels("bind", "refused").inc()
             return ExtenderBindingResult(Error=f"{key} may not be bound to {args.Node} by gpuaas: {refused}")
