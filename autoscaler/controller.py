@@ -104,18 +104,24 @@ class NotLeader(RuntimeError):
 
 
 class KubeTargets:
-    def __init__(self, api, *, instance: str = COMPONENT):
+    """`Targets` on the Kubernetes API. Every call is bounded by `request_timeout` seconds, so that a write started
+    while this replica leads ends (landed or timed out) before another replica can take over."""
+
+    def __init__(self, api, *, instance: str = COMPONENT, request_timeout: float | None = None):
         from kubernetes import client
 
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
         self.instance = instance  # the events' reportingInstance: which replica acted
+        self.timeout = request_timeout
 
     def observe(self, target: Target) -> Observed:
-        dep = self.apps.read_namespaced_deployment(target.deployment, target.namespace)
-        scale = self.apps.read_namespaced_deployment_scale(target.deployment, target.namespace)
+        dep = self.apps.read_namespaced_deployment(target.deployment, target.namespace, _request_timeout=self.timeout)
+        scale = self.apps.read_namespaced_deployment_scale(target.deployment, target.namespace,
+                                                           _request_timeout=self.timeout)
         selector = scale.status.selector or ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
-        pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector).items
+        pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
+                                             _request_timeout=self.timeout).items
         live = [p for p in pods if p.metadata.deletion_timestamp is None
                 and p.status.phase not in ("Succeeded", "Failed")]
         return Observed(replicas=scale.spec.replicas or 0, pods=frozenset(p.metadata.name for p in live),
@@ -123,7 +129,8 @@ class KubeTargets:
                         uid=dep.metadata.uid, annotations=dict(dep.metadata.annotations or {}))
 
     def scale(self, target: Target, replicas: int) -> None:
-        self.apps.patch_namespaced_deployment_scale(target.deployment, target.namespace, {"spec": {"replicas": replicas}})
+        self.apps.patch_namespaced_deployment_scale(target.deployment, target.namespace,
+                                                    {"spec": {"replicas": replicas}}, _request_timeout=self.timeout)
 
     def event(self, target: Target, observed: Observed, type_: str, reason: str, message: str) -> None:
         now = dt.datetime.now(dt.timezone.utc)
@@ -134,11 +141,12 @@ class KubeTargets:
             "type": type_, "reason": reason, "message": message[:1024],
             "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self.instance,
             "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1,
-        })
+        }, _request_timeout=self.timeout)
 
     def set_conditions(self, target: Target, conditions: list[dict[str, str]]) -> None:
         self.apps.patch_namespaced_deployment(target.deployment, target.namespace, {
-            "metadata": {"annotations": {CONDITIONS_ANNOTATION: json.dumps(conditions, sort_keys=True)}}})
+            "metadata": {"annotations": {CONDITIONS_ANNOTATION: json.dumps(conditions, sort_keys=True)}}},
+            _request_timeout=self.timeout)
 
 
 # ---- the loop -------------------------------------------------------------------------------------------------------
@@ -306,10 +314,11 @@ def kube_api(kubeconfig: str | None = None):
 
 
 def build(config: AutoscalerConfig, kubeconfig: str | None = None, *, api=None, instance: str = COMPONENT,
-          may_act: Callable[[], bool] = lambda: True) -> Controller:
+          may_act: Callable[[], bool] = lambda: True, request_timeout: float | None = None) -> Controller:
     """A controller wired to a real Prometheus and Kubernetes. The queries are validated first, then the kubeconfig
     is loaded; either failing is a ConfigError."""
     prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
     Controller(config, prom, targets=None).validate()  # type: ignore[arg-type]  (validation does not touch Kubernetes)
     api = api if api is not None else kube_api(kubeconfig)
-    return Controller(config, prom, KubeTargets(api, instance=instance), may_act=may_act)
+    return Controller(config, prom, KubeTargets(api, instance=instance, request_timeout=request_timeout),
+                      may_act=may_act)

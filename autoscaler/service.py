@@ -9,7 +9,7 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpuaas.leader import LeaderElector
+from gpuaas.leader import LeaderElector, write_timeout
 
 from .config import AutoscalerConfig
 from .controller import COMPONENT, Controller, build, kube_api
@@ -24,11 +24,20 @@ class AutoscalerService:
                                                  on_change=self._leadership_changed) \
             if config.leader_election.enabled else None
         instance = self.elector.identity if self.elector else (identity or COMPONENT)
-        self.controller: Controller = build(config, api=api, instance=instance, may_act=self.is_leader)
+        # Every write is bounded by a request timeout and starts only while the lease is ours for at least that long,
+        # as the node scaler's: a write of a replica that stopped leading cannot land under its successor.
+        le = config.leader_election
+        self.write_timeout = self.elector.write_timeout if self.elector else write_timeout(le.renew_deadline_s,
+                                                                                             le.retry_period_s)
+        self.controller: Controller = build(config, api=api, instance=instance, may_act=self.may_write,
+                                            request_timeout=self.write_timeout)
         self.wake = threading.Event()
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
+
+    def may_write(self) -> bool:
+        return self.elector is None or self.elector.may_write(self.write_timeout)
 
     def _leadership_changed(self, leader: bool) -> None:
         """From the elector's thread: a new leader syncs at once rather than at the next interval."""
