@@ -110,6 +110,11 @@ class Service:
             self.trigger.clear()
             if not self.is_leader():
                 continue
+            ready = Informer.readiness(self.informers, self.config.max_watch_stale_s)
+            if not ready:  # a stale model would grow groups for pods already placed, or miss new ones: wait
+                self.metrics.errors.labels("stale_model").inc()
+                log.warning("not reconciling: %s", ready.text)
+                continue
             now = time.time()
             try:
                 snap = build_snapshot(nodes.store.values(), pods.store.values(), pdbs.store.values(), now,

@@ -18,6 +18,7 @@ import autoscaler.nodes.service as service_module
 from autoscaler.nodes.controller import KubeCluster, NodeScaler
 from autoscaler.nodes.provider import FakeProvider, KwokProvider
 from autoscaler.nodes.service import Service
+from gpuaas.informer import Health, Informer
 
 from .builders import T0, config, pending
 from .test_controller import GROUPS, FakeCluster
@@ -43,9 +44,11 @@ class Log:
 
 
 class FakeInformer:
-    """Synced at once, with the objects given; never watches anything."""
+    """Synced at once, with the objects given, and healthy; never watches anything."""
 
     objects: dict[str, list[dict]] = {}
+    readiness = staticmethod(Informer.readiness)
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, endpoint, path, *, kind, on_change=None):
         self.store = {str(i): o for i, o in enumerate(self.objects.get(kind, []))}
@@ -54,6 +57,9 @@ class FakeInformer:
 
     async def run(self, session) -> None:
         await asyncio.Event().wait()
+
+    def health(self, now: float, max_stale_s: float) -> Health:
+        return Health(True)
 
 
 class FakeElector:
@@ -222,3 +228,41 @@ def test_no_provider_or_event_write_starts_once_the_replica_may_not_act():
     with pytest.raises(Exception):
         provider.delete_node(config(GROUPS).group("a100"), "n")
     assert cluster.core.calls == [] and provider.core.calls == []
+
+
+def test_a_leader_whose_watches_are_stale_does_not_act_on_its_model(kubeconfig, monkeypatch):
+    """Readiness is withdrawn once a watch has been broken for max_watch_stale_s (defect 10); the leader does not
+    act on such a model either: no grow for pods the stale cache shows pending, until the watches are healthy."""
+    class StaleInformer(FakeInformer):
+        healthy = False
+
+        def health(self, now, max_stale_s):
+            return Health(True) if StaleInformer.healthy else Health(False, "watch broken (test)")
+
+    log = Log()
+    now = time.time()
+    monkeypatch.setattr(StaleInformer, "objects", {"Pod": [pending("p0", gpus=8, created=now - 10, since=now - 5)]})
+    monkeypatch.setattr(service_module, "Informer", StaleInformer)
+    cfg = config(GROUPS, interval_s=0.05)
+    svc = Service(cfg, kubeconfig, identity="me")
+    svc.elector = FakeElector(log)
+    provider = FakeProvider()
+    svc.scaler = NodeScaler(cfg, svc._no_snapshot, RecordingCluster(log), provider, metrics=svc.metrics,
+                            may_act=svc.is_leader)
+
+    async def scenario():
+        stop = asyncio.Event()
+        task = asyncio.create_task(svc.run("127.0.0.1", 0, stop))
+        await asyncio.sleep(1.0)  # twenty intervals with stale watches
+        grows_while_stale = list(provider.grow_calls)
+        StaleInformer.healthy = True
+        for _ in range(300):
+            if provider.grow_calls:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        return grows_while_stale
+
+    assert asyncio.run(scenario()) == [], "grew on a stale model"
+    assert provider.grow_calls, "grew once the watches were healthy again"
