@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scoring.model import MILLI
+from scoring.model import MILLI, ClusterState
 from scoring.policies import feasible
 
 from .config import NodeScalerConfig
@@ -35,6 +35,13 @@ class DrainCommand:
     method: str
     pods: tuple[str, ...]  # pods to evict
     why: str
+
+
+def lift(state: ClusterState, row: int, keys: set[str]) -> None:
+    """Take the pods named `keys` off `row` of a what-if state (they are about to move)."""
+    for demand, devices in list(state.pods_on[row]):
+        if demand.name in keys:
+            state.remove(row, demand, devices)
 
 
 def must_move(pods: Sequence[PodInfo]) -> list[PodInfo]:
@@ -108,10 +115,35 @@ class Round:
 
     def __post_init__(self) -> None:
         self.state = self.snap.state.copy()
+        self.rows = snapshot_rows(self.snap, self.state)
+        # Pods that still have to leave a node being drained, and pods waiting for a node (among them the
+        # replacements of pods already evicted), need room on the rest: it is reserved before any new drain is
+        # chosen, so that this round cannot take it (seen: drains started while two others still had pods to move
+        # left too little room, and their last pods stayed Pending behind the PodDisruptionBudget for good).
+        leaving = [p for n in self.snap.nodes.values() if n.drain is not None
+                   for p in must_move(self.snap.pods_on(n.name)) if p.demand is not None and not p.terminating]
+        for n in {p.node for p in leaving}:
+            lift(self.state, self.state.index[n], {p.key for p in leaving if p.node == n})
         block_rows(self.state, unavailable_rows(self.snap))
         block_rows(self.state, [self.state.index[n.name] for n in self.snap.nodes.values()
                                 if n.booting and n.name in self.state.index])
-        self.rows = snapshot_rows(self.snap, self.state)
+        waiting = [p for p in self.snap.pods if not p.node and p.gpu and p.demand is not None and not p.terminating
+                   and p.phase in ("Pending", "")]
+        placed, _ = place_greedy(self.state, leaving + waiting, self.config.scale_out.policy, self.snap.workload,
+                                 self.rows)
+        self.reserved: dict[str, PodInfo] = {p.key: p for p, _ in placed}  # placed in `state` to hold their room
+
+    def vacate(self, node: NodeInfo, movers: Sequence[PodInfo]) -> tuple[ClusterState, list[PodInfo]]:
+        """A what-if copy of the round's state with `node` drained: its movers, and the pods whose room was reserved
+        on it, placed on the rest; and those of them that fit nowhere."""
+        trial = self.state.copy()
+        row = trial.index[node.name]
+        guests = [self.reserved[d.name] for d, _ in trial.pods_on[row] if d.name in self.reserved]
+        lift(trial, row, {p.key for p in movers} | {p.key for p in guests})
+        block_rows(trial, [row])
+        _, left = place_greedy(trial, list(movers) + guests, self.config.scale_out.policy, self.snap.workload,
+                               self.rows)
+        return trial, left
 
     def take(self, cmd: DrainCommand) -> None:
         self.commands.append(cmd)
@@ -206,8 +238,12 @@ class Emptiness:
     def compute(self, r: Round) -> None:
         for n in within_budget(r):
             if not must_move(r.snap.pods_on(n.name)):
+                trial, left = r.vacate(n, ())
+                if left:
+                    r.skipped[n.name] = f"the room it holds for pod {left[0].key} is needed"
+                    continue
                 r.take(DrainCommand(n.name, n.group, self.name, (), "no pods to move"))
-                block_rows(r.state, [r.state.index[n.name]])
+                r.state = trial
 
 
 class Underutilized:
@@ -226,16 +262,10 @@ class Underutilized:
             if unreadable:
                 r.skipped[n.name] = f"pod {unreadable[0]} cannot be read: {r.snap.unreadable.get(unreadable[0], '')}"
                 continue
-            trial = r.state.copy()
-            row = trial.index[n.name]
-            keys = {p.key for p in movers}
-            for demand, devices in list(trial.pods_on[row]):
-                if demand.name in keys:
-                    trial.remove(row, demand, devices)
-            block_rows(trial, [row])
-            placed, left = place_greedy(trial, movers, r.config.scale_out.policy, r.snap.workload, r.rows)
+            trial, left = r.vacate(n, movers)
             if left:
-                r.skipped[n.name] = f"pod {left[0].key} fits nowhere else"
+                r.skipped[n.name] = f"pod {left[0].key} fits nowhere else" if left[0].node == n.name else \
+                    f"its pods would take the room pod {left[0].key} needs"
                 continue
             util = gpu_utilization(r.snap, n.name) or 0.0
             r.take(DrainCommand(n.name, n.group, self.name, tuple(p.key for p in movers),

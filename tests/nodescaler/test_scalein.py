@@ -172,3 +172,26 @@ def test_start_patch_is_conditional_and_keeps_other_taints():
 def test_an_unreadable_drain_record_is_rolled_back():
     rec = DrainRecord.from_json("{not json")
     assert rec.deadline == 0.0 and "unreadable" in rec.reason
+
+
+def test_pods_still_to_leave_a_draining_node_and_waiting_pods_keep_their_room():
+    """The chaos e2e test's stuck drains. d is draining with 6 one-GPU pods still to move off it; a, b and c run 2
+    each (2/8 = 25 %, under the 30 % threshold). 12 pods need room: two of a, b, c (16 GPUs) hold them, one alone (8)
+    does not, so one more drain may start, not two. Before, the room was counted without the 6 leaving pods: two
+    drains started, and their last pods stayed Pending behind the PodDisruptionBudget. A pod waiting for a node (the
+    replacement of one already evicted) holds its room the same way."""
+    d, a, b, c = nodes("a100", 4)
+    draining(d)
+    name = {id(n): n["metadata"]["name"] for n in (d, a, b, c)}
+    pods = [pod(f"d{i}", node=name[id(d)], gpus=1) for i in range(6)]
+    pods += [pod(f"{k}{i}", node=name[id(n)], gpus=1) for k, n in (("a", a), ("b", b), ("c", c)) for i in range(2)]
+    r, _ = round_for([d, a, b, c], pods, min_size=0, max_concurrent_drains=6, utilization_threshold=0.3)
+    assert len(r.commands) == 1, [(cmd.node, cmd.method) for cmd in r.commands]
+    # 5 still on d, 1 replacement waiting: the same 12 pods need room.
+    pods = [p for p in pods if p["metadata"]["name"] != "d5"] + [pod("d5-new", gpus=1)]
+    r, _ = round_for([d, a, b, c], pods, min_size=0, max_concurrent_drains=6, utilization_threshold=0.3)
+    assert len(r.commands) == 1, [(cmd.node, cmd.method) for cmd in r.commands]
+    # Without the leaving pods, two drains are right: 6 pods fit on one node.
+    pods = [p for p in pods if not p["metadata"]["name"].startswith("d")]
+    r, _ = round_for([d, a, b, c], pods, min_size=0, max_concurrent_drains=6, utilization_threshold=0.3)
+    assert len(r.commands) == 2, [(cmd.node, cmd.method) for cmd in r.commands]
