@@ -4,7 +4,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
 from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
@@ -30,6 +33,20 @@ class BadRequest(ValueError):
         self.status = status
 
 
+@dataclass(frozen=True)
+class FilterMemo:
+    """What filter found for one pod, kept for the prioritize call kube-scheduler makes next for the same pod with
+    exactly the feasible names: their model rows, valid while the model is at the same version."""
+
+    uid: str | None
+    names: list[str]
+    rows: np.ndarray | None
+    version: int
+
+    def rows_for(self, uid: str | None, names: list[str], version: int) -> np.ndarray | None:
+        return self.rows if (uid, version, names) == (self.uid, self.version, self.names) else None
+
+
 class ExtenderService:
     def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup, *,
                  scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,)):
@@ -38,7 +55,7 @@ class ExtenderService:
         self.binder = binder
         self.metrics = metrics
         self.pod_lookup = pod_lookup
-        self._last_filter: tuple = (None, None, None, None)
+        self._last_filter: FilterMemo | None = None
 
     def _demand(self, pod: dict[str, Any]):
         try:
@@ -63,7 +80,8 @@ class ExtenderService:
             sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
             raise BadRequest(f"none of the {len(names)} node names is known to gpuaas ({sample})", status=422)
         # kube-scheduler's prioritize for this pod follows with exactly the feasible names: keep their rows.
-        self._last_filter = (args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows, state.version)
+        self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows,
+                                       state.version)
         self.metrics.decisions.labels("filter", "feasible").inc(len(verdict.feasible))
         self.metrics.decisions.labels("filter", "failed").inc(len(verdict.failed))
         self.metrics.decisions.labels("filter", "unresolvable").inc(len(verdict.unresolvable))
@@ -83,9 +101,8 @@ class ExtenderService:
         demand = self._demand(args.Pod)
         state, policy = self.view.snapshot()
         names = args.node_names()
-        uid, feasible_names, rows, version = self._last_filter
-        if not (uid == args.Pod["metadata"].get("uid") and version == state.version and names == feasible_names):
-            rows = None
+        memo = self._last_filter
+        rows = memo.rows_for(args.Pod["metadata"].get("uid"), names, state.version) if memo is not None else None
         scored = verdicts.prioritize(state, policy, demand, names, rows)
         pick, key = scored.pick, pod_key(args.Pod)
         if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
