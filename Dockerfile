@@ -12,6 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml ./
 COPY scoring/ scoring/
+COPY runtime/ runtime/
 COPY extender/ extender/
 COPY autoscaler/ autoscaler/
 COPY gpuaas/ gpuaas/

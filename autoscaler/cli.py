@@ -108,9 +108,9 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics_api(args: argparse.Namespace) -> int:
-    from gpuaas.kubeclient import api_client
+    from runtime.kubeclient import api_client
 
-    from gpuaas.authz import Authorizer, KubeAccessReviewer
+    from runtime.authz import Authorizer, KubeAccessReviewer
     from .config import ConfigError, load_metrics_api_config
     from .metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
     from .prom import Prometheus
@@ -143,7 +143,7 @@ def cmd_metrics_api(args: argparse.Namespace) -> int:
 
 
 def cmd_loadgen(args: argparse.Namespace) -> int:
-    from gpuaas.kubeclient import api_client
+    from runtime.kubeclient import api_client
     from gpuaas.loadgen.replayer import Replayer
     from gpuaas.loadgen.serving import ServiceModel
     from gpuaas.loadgen.trace import TraceError, load_trace, scale_rate

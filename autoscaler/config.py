@@ -4,7 +4,7 @@ field). A YAML file:
     prometheus: {url: http://prometheus:9090, timeout_s: 5}
     interval_s: 15
     dry_run: false
-    leader_election: {name: gpuaas-autoscaler}   # Lease in the pod's namespace; see gpuaas/leader.py for the timings
+    leader_election: {name: gpuaas-autoscaler}   # Lease in the pod's namespace; see runtime/leader.py for the timings
     targets:
       - deployment: llm            # scaled through its scale subresource
         namespace: inference
@@ -27,8 +27,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuaas.config import M, ConfigError, load_config, validate  # noqa: F401 (ConfigError: part of this module's API)
-from gpuaas.leader import LeaderElectionConfig
+from runtime.config import M, ConfigError, load_config, validate  # noqa: F401 (ConfigError: part of this module's API)
+from runtime.leader import LeaderElectionConfig
 from scoring.names import dns1123_label, dns1123_subdomain
 
 from .policy import QueueDepthConfig
@@ -220,7 +220,7 @@ class MetricRule(Strict):
 
 
 class AuthorizationConfig(Strict):
-    """Delegated authorization of the user behind each request (gpuaas/authz.py); the defaults are those of
+    """Delegated authorization of the user behind each request (runtime/authz.py); the defaults are those of
     k8s.io/apiserver's delegating authorizer (answers cached 10 s, system:masters never asked about)."""
     enabled: bool = Field(True, description="ask kube-apiserver (SubjectAccessReview) whether the user may read the "
                           "metric; off: any user the aggregator lets through may")
@@ -249,10 +249,10 @@ def parse(model: type[M], raw: object, where: str = "config") -> M:
 
 
 def load_autoscaler_config(path: Path | str | None, *, environ: dict[str, str] | None = None) -> AutoscalerConfig:
-    """The file, then GPUAAS_AUTOSCALER_* environment variables (gpuaas/config.py)."""
+    """The file, then GPUAAS_AUTOSCALER_* environment variables (runtime/config.py)."""
     return load_config(AutoscalerConfig, path, env_prefix=ENV_PREFIX, environ=environ)
 
 
 def load_metrics_api_config(path: Path | str | None, *, environ: dict[str, str] | None = None) -> MetricsApiConfig:
-    """The file (optional), then GPUAAS_METRICS_API_* environment variables (gpuaas/config.py)."""
+    """The file (optional), then GPUAAS_METRICS_API_* environment variables (runtime/config.py)."""
     return load_config(MetricsApiConfig, path, env_prefix=METRICS_API_ENV_PREFIX, environ=environ)

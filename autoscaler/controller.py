@@ -305,7 +305,7 @@ def kube_api(kubeconfig: str | None = None):
     """The ApiClient for `kubeconfig`; a kubeconfig that cannot be loaded is a ConfigError."""
     from kubernetes.config import ConfigException
 
-    from gpuaas.kubeclient import api_client
+    from runtime.kubeclient import api_client
 
     try:
         return api_client(kubeconfig)

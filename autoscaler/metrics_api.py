@@ -7,7 +7,7 @@
 It does not serve `external.metrics.k8s.io` (KEDA owns that group in many clusters). It runs over HTTPS and only answers
 API paths to a client certificate signed by the front-proxy CA whose common name is allowed (the aggregator's), the
 way an aggregated API server authenticates kube-apiserver; /healthz, /livez and /readyz are open. Then, with an
-`Authorizer` (gpuaas/authz.py), it asks kube-apiserver whether the user the aggregator names in X-Remote-User may
+`Authorizer` (runtime/authz.py), it asks kube-apiserver whether the user the aggregator names in X-Remote-User may
 make the request (a SubjectAccessReview, cached briefly): 403 naming the user and the permission if not.
 
 A metric path is read once, decoded (aiohttp's match_info: `%2F` is '/'), into a `MetricRequest` whose namespace and
@@ -32,7 +32,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gpuaas.authz import (USER_HEADER, Attributes, Authorizer, ReviewFailed, forbidden_message, request_attributes,
+from runtime.authz import (USER_HEADER, Attributes, Authorizer, ReviewFailed, forbidden_message, request_attributes,
                           user_from_headers)
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
 from .config import MetricsApiConfig, MetricRule

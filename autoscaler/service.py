@@ -1,4 +1,4 @@
-"""`gpuaas autoscaler` as a process: a Lease elector thread (gpuaas/leader.py) decides which replica writes; every
+"""`gpuaas autoscaler` as a process: a Lease elector thread (runtime/leader.py) decides which replica writes; every
 replica runs the sync loop (a standby decides and writes nothing, so that a new leader starts with the memory of the
 recent load); a new leader syncs at once. /healthz, /readyz and /leader on a small HTTP server.
 """
@@ -9,7 +9,7 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpuaas.leader import LeaderElector, write_timeout
+from runtime.leader import LeaderElector, write_timeout
 
 from .config import AutoscalerConfig
 from .controller import COMPONENT, Controller, build, kube_api

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpuaas.authz import (AsyncReviewer, Attributes, Authorizer, ReviewFailed, TokenCache, User, forbidden_message,
+from runtime.authz import (AsyncReviewer, Attributes, Authorizer, ReviewFailed, TokenCache, User, forbidden_message,
                           token_review, user_from_certificate, user_from_token_review)
 
 from .service import BadRequest

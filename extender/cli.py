@@ -8,8 +8,8 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
-from gpuaas.config import ConfigError, load_config
-from gpuaas.logs import setup_logging
+from runtime.config import ConfigError, load_config
+from runtime.logs import setup_logging
 
 from .config import ENV_PREFIX, ExtenderConfig
 

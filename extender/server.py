@@ -29,10 +29,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from gpuaas.authz import ApiReviewer, AsyncReviewer
-from gpuaas.config import describe_errors
-from gpuaas.informer import Informer
-from gpuaas.kubeclient import ApiEndpoint
+from runtime.authz import ApiReviewer, AsyncReviewer
+from runtime.config import describe_errors
+from runtime.informer import Informer
+from runtime.kubeclient import ApiEndpoint
 
 from . import auth
 from .binder import ApiBinder, NoBinder, pod_path

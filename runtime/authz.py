@@ -360,7 +360,7 @@ class AsyncReviewer(Protocol):
 
 
 class ApiReviewer:
-    """SubjectAccessReviews and TokenReviews through an aiohttp session on kube-apiserver (gpuaas.kubeclient's): the
+    """SubjectAccessReviews and TokenReviews through an aiohttp session on kube-apiserver (runtime.kubeclient's): the
     I/O of an event-loop server. Needs ClusterRole system:auth-delegator."""
 
     SAR_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"

@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_nodescaler(args: argparse.Namespace) -> int:
-    from gpuaas.config import ConfigError
-    from gpuaas.logs import setup_logging
+    from runtime.config import ConfigError
+    from runtime.logs import setup_logging
 
     from .config import load_nodescaler_config
     from .service import Service
@@ -49,7 +49,7 @@ def cmd_nodescaler(args: argparse.Namespace) -> int:
         agent = None
         if args.fake_node_agent:
             from gpuaas.cluster.migmanager import FakeNodeAgent
-            from gpuaas.kubeclient import api_client
+            from runtime.kubeclient import api_client
 
             agent = FakeNodeAgent(api_client(args.kubeconfig)).start()
         try:

@@ -15,7 +15,7 @@ to a group by the label `gpuaas.io/pool: <group name>`, as pool nodes do.
       cost_per_hour: 32.8
     scale_in: {utilization_threshold: 0.5, unneeded_s: 600}
 
-Loaded with gpuaas.config.load_config (file, then GPUAAS_NODESCALER_* environment variables).
+Loaded with runtime.config.load_config (file, then GPUAAS_NODESCALER_* environment variables).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
-from gpuaas.config import ConfigError, load_config
-from gpuaas.leader import LeaderElectionConfig as LeaseConfig
+from runtime.config import ConfigError, load_config
+from runtime.leader import LeaderElectionConfig as LeaseConfig
 from scoring.model import NodeSpec
 from scoring.policies import known_policy
 

@@ -17,9 +17,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scoring.clusterview import ClusterView
-from gpuaas.informer import Informer
-from gpuaas.kubeclient import ApiEndpoint, api_client
-from gpuaas.leader import LeaderElector, write_timeout
+from runtime.informer import Informer
+from runtime.kubeclient import ApiEndpoint, api_client
+from runtime.leader import LeaderElector, write_timeout
 
 from .config import NodeScalerConfig
 from .controller import KubeCluster, NodeScaler

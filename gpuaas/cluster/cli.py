@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from ..kubeclient import api_client
+from runtime.kubeclient import api_client
 from .controlplane import ControlPlane, ControlPlaneError
 from .process import process_alive
 from .local import LocalCluster, builtin_pool_specs, resolve_pool_spec

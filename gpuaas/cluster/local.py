@@ -10,7 +10,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..kubeclient import api_client
+from runtime.kubeclient import api_client
 from .controlplane import ControlPlane
 from .nodes import create_nodes, wait_nodes_ready
 from .pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects

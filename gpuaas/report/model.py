@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from gpuaas.config import describe_errors
+from runtime.config import describe_errors
 
 SCHEDULERS = ("gpuaas", "default")  # the order the report shows them in
 # allocation_ratio is written rounded; this much disagreement with gpus_allocated / gpus_total is rounding.

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography import x509
 
-from gpuaas.authz import Authorizer, ReviewFailed
+from runtime.authz import Authorizer, ReviewFailed
 from tests.gpuaas.test_authz import FakeReviewer
 from autoscaler.config import MetricsApiConfig
 from autoscaler.metrics_api import ApiError, Backend, MetricsApiServer, init_app, quantity, server_ssl_context

@@ -18,7 +18,8 @@ from .manifests import DEPLOY, REPO, render
 
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-PACKAGES = ("scoring", "extender", "autoscaler", "autoscaler.nodes", "gpuaas", "gpuaas.cluster", "gpuaas.pools")
+PACKAGES = ("scoring", "runtime", "extender", "autoscaler", "autoscaler.nodes", "gpuaas", "gpuaas.cluster",
+            "gpuaas.pools")
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -41,8 +42,8 @@ def copied_sources() -> list[str]:
 
 
 def tracked_package_files() -> list[str]:
-    """The files of the four packages in git: what the image must carry (sources and data)."""
-    listed = subprocess.run(["git", "ls-files", "scoring", "extender", "autoscaler", "gpuaas"], cwd=REPO,
+    """The files of the five packages in git: what the image must carry (sources and data)."""
+    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "gpuaas"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split()
     return sorted(listed)
 

@@ -13,7 +13,7 @@ from autoscaler.nodes.config import load_nodescaler_config
 from extender.config import ENV_PREFIX, ExtenderConfig
 from extender.schedconfig import shipped_file
 from gpuaas.cli import build_parser
-from gpuaas.config import load_config
+from runtime.config import load_config
 
 from .manifests import DEPLOY, NAMESPACE, REPO, kustomize_dirs, named, objects, render
 

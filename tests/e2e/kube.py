@@ -62,7 +62,7 @@ def rbac_manifest(account: str, namespace: str, *, cluster_rules: list[dict] = (
 
 
 def lease_rules(name: str, *, watch: bool = True) -> list[dict]:
-    """What gpuaas.leader needs on its Lease: create it, get and update it by name, and (for a standby that sees each
+    """What runtime.leader needs on its Lease: create it, get and update it by name, and (for a standby that sees each
     renewal as it happens) list and watch it by name."""
     verbs = ["get", "update"] + (["list", "watch"] if watch else [])
     return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},

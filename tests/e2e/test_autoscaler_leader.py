@@ -24,7 +24,7 @@ from .kube import lease_rules, rbac_manifest, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE = "gpuaas-autoscaler"
-# Everything `gpuaas autoscaler` does with the API (autoscaler/controller.py KubeTargets, gpuaas/leader.py).
+# Everything `gpuaas autoscaler` does with the API (autoscaler/controller.py KubeTargets, runtime/leader.py).
 AUTOSCALER_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]},  # patch: the conditions

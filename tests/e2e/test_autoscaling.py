@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuaas.authz import Authorizer, KubeAccessReviewer
+from runtime.authz import Authorizer, KubeAccessReviewer
 from autoscaler.config import AutoscalerConfig, ConfigError, MetricsApiConfig, parse
 from autoscaler.controller import CONDITIONS_ANNOTATION, Controller, KubeTargets
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
@@ -31,7 +31,7 @@ from autoscaler.prom import Prometheus
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.prometheus import PrometheusServer
-from gpuaas.kubeclient import api_client
+from runtime.kubeclient import api_client
 from gpuaas.loadgen.replayer import Replayer
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival

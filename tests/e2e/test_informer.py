@@ -10,8 +10,8 @@ import asyncio
 
 from kubernetes import client
 
-from gpuaas.informer import Informer
-from gpuaas.kubeclient import ApiEndpoint
+from runtime.informer import Informer
+from runtime.kubeclient import ApiEndpoint
 
 MiB = 1024 * 1024
 

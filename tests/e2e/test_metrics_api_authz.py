@@ -22,14 +22,14 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
-from gpuaas.authz import Authorizer, KubeAccessReviewer
+from runtime.authz import Authorizer, KubeAccessReviewer
 from autoscaler.config import MetricsApiConfig, parse
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
 from autoscaler.prom import Prometheus
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.prometheus import PrometheusServer
-from gpuaas.kubeclient import api_client
+from runtime.kubeclient import api_client
 from gpuaas.loadgen.replayer import Replayer
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival

@@ -6,8 +6,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpuaas.kubeclient import api_client
-from gpuaas.leader import LeaderElector
+from runtime.kubeclient import api_client
+from runtime.leader import LeaderElector
 from gpuaas.workloads import gpu_pod
 from tests.deploy.manifests import DEPLOY, NAMESPACE, render
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gpuaas.authz import (Attributes, Authorizer, Decision, ReviewFailed, User, access_review,
+from runtime.authz import (Attributes, Authorizer, Decision, ReviewFailed, User, access_review,
                               decision_from_review, forbidden_message, request_attributes, user_from_headers)
 
 CM = "custom.metrics.k8s.io"
@@ -171,7 +171,7 @@ def test_a_failed_review_is_not_cached_and_the_next_one_is_made():
 def test_a_client_certificate_names_its_user_and_groups_as_kube_apiserver_reads_it():
     peercert = {"subject": ((("organizationName", "system:masters"),), (("organizationName", "ops"),),
                             (("commonName", "kubernetes-admin"),))}
-    from gpuaas.authz import user_from_certificate
+    from runtime.authz import user_from_certificate
 
     assert user_from_certificate(peercert) == User("kubernetes-admin",
                                                    groups=("system:masters", "ops", "system:authenticated"))
@@ -180,7 +180,7 @@ def test_a_client_certificate_names_its_user_and_groups_as_kube_apiserver_reads_
 
 
 def test_a_token_review_names_the_user_only_when_it_authenticated():
-    from gpuaas.authz import token_review, user_from_token_review
+    from runtime.authz import token_review, user_from_token_review
 
     assert token_review("t")["spec"] == {"token": "t"}
     status = {"authenticated": True, "user": {"username": "system:serviceaccount:mon:prometheus", "uid": "u1",
@@ -192,7 +192,7 @@ def test_a_token_review_names_the_user_only_when_it_authenticated():
 
 
 def test_the_token_cache_keeps_answers_for_its_ttl_and_never_the_token():
-    from gpuaas.authz import TokenCache
+    from runtime.authz import TokenCache
 
     clock = Clock()
     cache = TokenCache(ttl_s=10, size=2, clock=clock)

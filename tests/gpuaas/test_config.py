@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from extender.config import ENV_PREFIX, ExtenderConfig
-from gpuaas.config import ConfigError, load_config
+from runtime.config import ConfigError, load_config
 
 
 def test_file_then_environment_then_overrides(tmp_path):

@@ -17,7 +17,7 @@ from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
 from gpuaas import configref
 from gpuaas.cli import main
 from gpuaas.cluster.pools import load_pool_spec
-from gpuaas.config import load_config
+from runtime.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

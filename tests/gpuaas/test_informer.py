@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuaas.informer import EventTooLarge, Health, Informer, split_lines
-from gpuaas.kubeclient import ApiEndpoint
+from runtime.informer import EventTooLarge, Health, Informer, split_lines
+from runtime.kubeclient import ApiEndpoint
 
 MiB = 1024 * 1024
 

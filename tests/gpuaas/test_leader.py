@@ -1,4 +1,4 @@
-"""gpuaas.leader against an in-memory Lease store with the apiserver's optimistic concurrency, on fake clocks: the
+"""runtime.leader against an in-memory Lease store with the apiserver's optimistic concurrency, on fake clocks: the
 election's invariants, the schedule of attempts (`next_attempt`), and simulated kills and partitions that measure
 the takeover time and check that two replicas never lead at once."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from kubernetes.client.rest import ApiException
 
-from gpuaas.leader import LeaderElectionConfig, LeaderElector, Observed, Timings, next_attempt, observe
+from runtime.leader import LeaderElectionConfig, LeaderElector, Observed, Timings, next_attempt, observe
 
 
 class FakeCoordination:

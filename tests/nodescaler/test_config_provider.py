@@ -10,7 +10,7 @@ from autoscaler.nodes.provider import FakeProvider, NodeNotFound, ProviderError,
 from gpuaas.cluster.migmanager import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, \
     mig_resources
 from gpuaas.cluster.pools import node_objects
-from gpuaas.config import ConfigError
+from runtime.config import ConfigError
 
 from .builders import A100X8, config
 

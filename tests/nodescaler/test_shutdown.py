@@ -18,7 +18,7 @@ import autoscaler.nodes.service as service_module
 from autoscaler.nodes.controller import KubeCluster, NodeScaler
 from autoscaler.nodes.provider import FakeProvider, KwokProvider
 from autoscaler.nodes.service import Service
-from gpuaas.informer import Health, Informer
+from runtime.informer import Health, Informer
 
 from .builders import T0, config, pending
 from .test_controller import GROUPS, FakeCluster
