@@ -1,5 +1,6 @@
-"""`gpuaas autoscaler` (the controller), `gpuaas metrics-api` (custom.metrics.k8s.io for the HPA) and `gpuaas loadgen`
-(the load replayer). `gpuaas simulate autoscaling` is in gpuaas/simulate/autoscaling_cli.py."""
+"""`gpuaas autoscaler` (the controller) and `gpuaas metrics-api` (custom.metrics.k8s.io for the HPA). The tools around
+them are verbs of the gpuaas layer: `gpuaas loadgen` (gpuaas/loadgen/cli.py), `gpuaas simulate autoscaling`
+(gpuaas/simulate/autoscaling_cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -38,19 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--tls-key", required=True)
     m.add_argument("--client-ca", required=True, help="the front-proxy CA (requestheader-client-ca-file)")
     m.set_defaults(func=cmd_metrics_api)
-
-    g = subparsers.add_parser("loadgen", help="replay a request trace against a Deployment's pods, export metrics",
-                              description="Drive simulated inference replicas, one per pod of a Deployment, from a "
-                                          "request trace, and serve their vLLM-style metrics on /metrics.")
-    g.add_argument("--kubeconfig")
-    g.add_argument("--namespace", default="default")
-    g.add_argument("--deployment", required=True)
-    g.add_argument("--trace", required=True)
-    g.add_argument("--rate-scale", type=int, default=1)
-    g.add_argument("--port", type=int, default=9400)
-    g.add_argument("--cold-start", type=float, default=60.0)
-    g.add_argument("--concurrency", type=int, default=8)
-    g.set_defaults(func=cmd_loadgen)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -139,24 +127,4 @@ def cmd_metrics_api(args: argparse.Namespace) -> int:
                             always_allow_groups=tuple(authz.always_allow_groups)) if authz.enabled else None
     MetricsApiServer(init_app(backend, config.allowed_client_names, authorizer), host=args.host, port=args.port,
                      ssl_context=ctx).run()
-    return 0
-
-
-def cmd_loadgen(args: argparse.Namespace) -> int:
-    from runtime.kubeclient import api_client
-    from gpuaas.loadgen.replayer import Replayer
-    from gpuaas.loadgen.serving import ServiceModel
-    from gpuaas.loadgen.trace import TraceError, load_trace, scale_rate
-
-    try:
-        arrivals = scale_rate(load_trace(args.trace), args.rate_scale)
-        model = ServiceModel(cold_start_s=args.cold_start, concurrency=args.concurrency)
-    except (TraceError, ValueError, OSError) as exc:
-        print(f"gpuaas loadgen: {exc}", file=sys.stderr)
-        return 2
-    replayer = Replayer(api_client(args.kubeconfig), args.namespace, args.deployment, arrivals, model=model,
-                        port=args.port).start()
-    print(f"replaying {len(arrivals)} requests; metrics on http://127.0.0.1:{replayer.port}/metrics", file=sys.stderr)
-    _stop_on_signals().wait()
-    replayer.stop()
     return 0

@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from gpuaas.cluster.components import ComponentProcess
-from gpuaas.cluster.pools import parse_pool_spec, spec_node_objects
+from runtime.pools import parse_pool_spec, spec_node_objects
 from gpuaas.workloads import gpu_pod
 
 

@@ -27,7 +27,7 @@ from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.pools import pools_from_node_specs
+from runtime.pools import pools_from_node_specs
 from gpuaas.simulate.traces import load_nodes, load_pods
 from gpuaas.workloads import pod_for_demand
 from scoring.kubeobjects import pod_demand

@@ -36,7 +36,7 @@ from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION  # noqa: E402
 from gpuaas.cluster.components import ComponentProcess  # noqa: E402
 from gpuaas.cluster.local import LocalCluster  # noqa: E402
 from gpuaas.cluster.migmanager import FakeNodeAgent  # noqa: E402
-from gpuaas.cluster.pools import parse_pool_spec  # noqa: E402
+from runtime.pools import parse_pool_spec  # noqa: E402
 from gpuaas.workloads import gpu_deployment  # noqa: E402
 from tests.nodescaler.checks import failed_scheduling_times, fifo_latencies  # noqa: E402
 

@@ -25,7 +25,7 @@ from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.pools import parse_pool_spec
+from runtime.pools import parse_pool_spec
 from gpuaas.workloads import gpu_pod
 
 

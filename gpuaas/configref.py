@@ -227,7 +227,7 @@ def config_docs() -> list[ConfigDoc]:
     from autoscaler.config import AutoscalerConfig, MetricsApiConfig
     from autoscaler.nodes.config import ENV_PREFIX as NODESCALER_ENV, NodeScalerConfig
     from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
-    from gpuaas.cluster.pools import PoolSpec
+    from runtime.pools import PoolSpec
 
     return [
         ConfigDoc("Extender", ExtenderConfig,
@@ -263,7 +263,7 @@ def config_docs() -> list[ConfigDoc]:
                   "leader_election: {namespace: gpuaas-system}\n",
                   "nodescaler", env_prefix=NODESCALER_ENV, verb="nodescaler"),
         ConfigDoc("Pool spec", PoolSpec,
-                  "`gpuaas cluster up --pools FILE` and `gpuaas demo --pools FILE` (`gpuaas/cluster/pools.py`): the "
+                  "`gpuaas cluster up --pools FILE` and `gpuaas demo --pools FILE` (`runtime/pools.py`): the "
                   "GPU node pools of a local KWOK cluster; `gpuaas/pools/*.yaml` are the built-in ones. Keys are "
                   "camelCase like a Kubernetes object's. The nodes carry what GPU feature discovery and the NVIDIA "
                   "device plugin (MIG strategy mixed) publish.",

@@ -1,7 +1,7 @@
 """GPU node autoscaling: grow node groups for unschedulable GPU pods (repartitioning idle MIG GPUs first), drain and
 remove idle GPU nodes without breaking PodDisruptionBudgets, one leader at a time.
 
-- config.py     node groups (a gpuaas/cluster/pools.py pool as template), scale-out, scale-in, leader election
+- config.py     node groups (a runtime/pools.py pool as template), scale-out, scale-in, leader election
 - snapshot.py   Nodes, Pods, PDBs -> frozen records + the scoring model (pure)
 - scaleout.py   what to grow / repartition for pending pods (pure; scoring.planner)
 - scalein.py    which nodes to drain: one small type per disruption method (pure)

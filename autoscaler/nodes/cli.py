@@ -1,5 +1,6 @@
 """`gpuaas nodescaler`: grow GPU node groups for unschedulable pods, drain and remove idle GPU nodes
-(docs/node-autoscaling.md)."""
+(docs/node-autoscaling.md). The harness's `--fake-node-agent` is added to this verb by the gpuaas layer
+(gpuaas/cluster/cli.py), so that the component never imports the harness."""
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8090)
     p.add_argument("--identity", help="leader-election identity (default: $POD_NAME or hostname, plus a random suffix)")
     p.add_argument("--dry-run", action="store_true", help="decide and log, never change the cluster")
-    p.add_argument("--fake-node-agent", action="store_true",
-                   help="local KWOK clusters only: also play the device plugin and the GPU operator's MIG manager "
-                        "(gpuaas/cluster/migmanager.py), so that new nodes get their GPUs and MIG configs apply")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_nodescaler)
@@ -46,17 +44,7 @@ def cmd_nodescaler(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        agent = None
-        if args.fake_node_agent:
-            from gpuaas.cluster.migmanager import FakeNodeAgent
-            from runtime.kubeclient import api_client
-
-            agent = FakeNodeAgent(api_client(args.kubeconfig)).start()
-        try:
-            await Service(config, args.kubeconfig, identity=args.identity).run(args.host, args.port, stop)
-        finally:
-            if agent is not None:
-                await asyncio.to_thread(agent.stop)
+        await Service(config, args.kubeconfig, identity=args.identity).run(args.host, args.port, stop)
 
     asyncio.run(main())
     return 0

@@ -1,6 +1,6 @@
 """Configuration of `gpuaas nodescaler`: node groups, scale-out, scale-in, leader election.
 
-A node group's `template` is a pool of `gpuaas/cluster/pools.py` without name and count (GPU model, GPUs per node, MIG
+A node group's `template` is a pool of `runtime/pools.py` without name and count (GPU model, GPUs per node, MIG
 layout, CPU, memory, labels, taints): the same validation, and for KWOK the same renderer of Node objects. Nodes belong
 to a group by the label `gpuaas.io/pool: <group name>`, as pool nodes do.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuaas.cluster.pools import Pool, PoolSpecError, parse_pool_spec
+from runtime.pools import Pool, PoolSpecError, parse_pool_spec
 from runtime.config import ConfigError, load_config
 from runtime.leader import LeaderElectionConfig as LeaseConfig
 from scoring.model import NodeSpec
@@ -68,7 +68,7 @@ class NodeGroupConfig(_Strict):
 
     @classmethod
     def from_pool(cls, pool: Pool) -> "NodeGroupConfig":
-        """The node group a pool spec declares with `autoscale:` (gpuaas/cluster/pools.py)."""
+        """The node group a pool spec declares with `autoscale:` (runtime/pools.py)."""
         if pool.autoscale is None:
             raise ValueError(f"pool {pool.name} has no autoscale section: it is not a node group")
         a = pool.autoscale
@@ -77,14 +77,14 @@ class NodeGroupConfig(_Strict):
 
     @property
     def pool(self) -> Pool:
-        """The template as a one-node pool (the renderer of gpuaas/cluster/pools.py takes pools)."""
+        """The template as a one-node pool (the renderer of runtime/pools.py takes pools)."""
         return Pool.model_validate({**self.template, "name": self.name, "count": 1})
 
     def template_node(self) -> dict[str, Any]:
-        """The Node object the template renders (gpuaas/cluster/pools.node_objects), computed once."""
+        """The Node object the template renders (runtime/pools.node_objects), computed once."""
         import copy
 
-        from gpuaas.cluster.pools import node_objects
+        from runtime.pools import node_objects
 
         if "_node" not in self.__dict__:
             object.__setattr__(self, "_node", node_objects(self.pool)[0])  # frozen model: cache by hand

@@ -7,7 +7,7 @@ turn into GPU-ready nodes within the group's `max_provision_s` backs the group o
 KWOK provider. A real GPU node registers first and advertises its GPUs only once the driver and the device plugin are
 up; cluster-autoscaler and Karpenter both stumble on that gap (double scale-ups, autoscaler#1949, karpenter#1459). The
 KWOK provider reproduces it: `grow` creates Node objects at once, rendered from the group's template by the same
-`gpuaas/cluster/pools.node_objects` that renders every KWOK GPU node, but with the GPU resources held back in the
+`runtime/pools.node_objects` that renders every KWOK GPU node, but with the GPU resources held back in the
 annotation `gpuaas.io/kwok-gpu-resources` and the time they appear in `gpuaas.io/kwok-gpu-ready-at` (now +
 `provisioning_delay_s`), and the label `gpuaas.io/kwok-gpu-registering`. The harness's node agent (`gpuaas/cluster/migmanager.py`, playing the device plugin and the
 MIG manager) publishes them at that time, so the delay survives a restart of the autoscaler, as a cloud's would.
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from scoring.gpus import MIG_RESOURCE_PREFIX
 from scoring.kubeobjects import GPU_RESOURCE
 
-from gpuaas.cluster.migmanager import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
+from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
 
 from .config import NodeGroupConfig
 
@@ -57,7 +57,7 @@ class Provider(Protocol):
 
 def render_node(group: NodeGroupConfig, name: str, now: float) -> dict[str, Any]:
     """The Node object of a new node of `group`, GPUs held back until the provisioning delay has passed."""
-    from gpuaas.cluster.pools import node_objects
+    from runtime.pools import node_objects
 
     node = node_objects(group.pool)[0]
     meta = node["metadata"]

@@ -9,10 +9,11 @@ from pathlib import Path
 from kubernetes import client
 
 from runtime.kubeclient import api_client
+from runtime.pools import POOL_LABEL, PoolSpecError
+
 from .controlplane import ControlPlane, ControlPlaneError
-from .process import process_alive
 from .local import LocalCluster, builtin_pool_specs, resolve_pool_spec
-from .pools import POOL_LABEL, PoolSpecError
+from .process import process_alive
 from .tools import ToolsMissing, cache_dir
 
 
@@ -102,3 +103,26 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 1
     print(f"cluster {args.name}: {'stopped' if running else 'was not running'}; logs kept in {cp.logs}")
     return 0
+
+
+def add_fake_node_agent(nodescaler: argparse.ArgumentParser) -> None:
+    """Give `gpuaas nodescaler` the harness's `--fake-node-agent`: the node agent (migmanager.py) runs beside the
+    node scaler for as long as it runs. The node scaler itself (autoscaler/nodes) knows nothing of it."""
+    nodescaler.add_argument("--fake-node-agent", action="store_true",
+                            help="local KWOK clusters only: also play the device plugin and the GPU operator's MIG "
+                                 "manager (gpuaas/cluster/migmanager.py), so that new nodes get their GPUs and MIG "
+                                 "configs apply")
+    run = nodescaler.get_default("func")
+
+    def cmd_nodescaler_with_agent(args: argparse.Namespace) -> int:
+        if not args.fake_node_agent:
+            return run(args)
+        from .migmanager import FakeNodeAgent
+
+        agent = FakeNodeAgent(api_client(args.kubeconfig)).start()
+        try:
+            return run(args)
+        finally:
+            agent.stop()
+
+    nodescaler.set_defaults(func=cmd_nodescaler_with_agent)

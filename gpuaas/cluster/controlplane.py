@@ -25,13 +25,14 @@ from typing import Any
 
 import yaml
 
+from runtime.pools import KWOK_NODE_ANNOTATION
+
 from . import pki as pkimod
 from .process import free_port, process_alive, spawn, terminate
 from .stages import write_kwok_config
 from .tools import Tools
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # nodes carrying `kwok.x-k8s.io/node: fake` are played by kwok
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.128.0.0/9"  # room for 100k pods; kwok hands pod IPs out of it
 

@@ -11,9 +11,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from runtime.kubeclient import api_client
+from runtime.pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects
+
 from .controlplane import ControlPlane
 from .nodes import create_nodes, wait_nodes_ready
-from .pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects
 
 
 RBAC_KINDS = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}

@@ -4,7 +4,7 @@ registration for KWOK GPU nodes, as a thread beside the local cluster.
 MIG manager. The GPU operator's mig-manager watches the node label `nvidia.com/mig.config`; when it changes it sets
 `nvidia.com/mig.config.state=pending`, repartitions the GPUs and the device plugin re-advertises the instances, then
 the state becomes `success` (or `failed`). Here: a node labelled `nvidia.com/mig.config.state=pending` gets the
-allocatable resources and `nvidia.com/mig-*.count` labels that `gpuaas/cluster/pools.node_objects` renders for that
+allocatable resources and `nvidia.com/mig-*.count` labels that `runtime/pools.node_objects` renders for that
 config (the same code that renders every KWOK GPU node), then `success`. A node with GPU pods on it is refused with
 `failed`, as the real manager will not repartition GPUs in use.
 
@@ -26,15 +26,12 @@ from kubernetes.client.rest import ApiException
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 from scoring.kubeobjects import COUNT_LABEL, GPU_RESOURCE, PRODUCT_LABEL, holds_resources, requests_gpu
 
-from .pools import Pool, node_objects
+from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, Pool, node_objects
 
 log = logging.getLogger("gpuaas.cluster.migmanager")
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
-REGISTERING_LABEL = "gpuaas.io/kwok-gpu-registering"  # set by the KWOK node provider until GPUs are published
-GPU_RESOURCES_ANNOTATION = "gpuaas.io/kwok-gpu-resources"
-GPU_READY_AT_ANNOTATION = "gpuaas.io/kwok-gpu-ready-at"
 
 
 def mig_resources(node: dict[str, Any], config: str) -> tuple[dict[str, str], dict[str, str]]:

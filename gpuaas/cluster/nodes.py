@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .pools import POOL_LABEL
+from runtime.pools import POOL_LABEL
 
 
 class NodesNotReady(TimeoutError):

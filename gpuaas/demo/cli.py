@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.pools import PoolSpec, PoolSpecError
+
 from ..cluster.cli import cluster_dir
 from ..cluster.components import REPO
 from ..cluster.controlplane import ControlPlane, ControlPlaneError
 from ..cluster.local import resolve_pool_spec
-from ..cluster.pools import PoolSpec, PoolSpecError
 from ..cluster.tools import ToolsMissing
 from ..loadgen.trace import TraceError, load_trace, synthetic_trace
 from .sampling import go_duration, utc_now

@@ -31,6 +31,7 @@ from autoscaler.controller import gather_signals
 from autoscaler.nodes.config import NodeGroupConfig
 from autoscaler.prom import Prometheus
 from extender.schedconfig import extender_entry, gpuaas_profile
+from runtime.pools import PoolSpec
 from scoring.fragmentation import Workload
 
 from ..admission import Gang, GangAdmission
@@ -38,7 +39,6 @@ from ..cluster.components import (REPO, ComponentProcess, autoscaler_process, ex
                                   scheduler_extender_tls)
 from ..cluster.local import LocalCluster
 from ..cluster.migmanager import FakeNodeAgent
-from ..cluster.pools import PoolSpec
 from ..cluster.process import free_port
 from ..cluster.prometheus import PrometheusServer
 from ..loadgen.replayer import Replayer

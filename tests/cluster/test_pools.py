@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gpuaas.cluster.pools import PoolSpecError, node_objects, parse_pool_spec
+from runtime.pools import PoolSpecError, node_objects, parse_pool_spec
 
 
 def spec(**pool):

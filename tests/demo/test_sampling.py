@@ -10,7 +10,7 @@ import pytest
 from autoscaler.nodes.config import NodeGroupConfig
 from autoscaler.nodes.provider import render_node
 from gpuaas.cluster.local import resolve_pool_spec
-from gpuaas.cluster.pools import node_objects
+from runtime.pools import node_objects
 from gpuaas.demo.sampling import (Serving, component_events, compute_sample, final_state, go_duration, pod_gpus,
                                   serving_interval, settled, slo_counts)
 from gpuaas.demo.timeline import build_timeline, timeline_workload

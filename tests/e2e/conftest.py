@@ -8,7 +8,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.pools import parse_pool_spec
+from runtime.pools import parse_pool_spec
 from tests.deploy.manifests import DEPLOY
 
 # Small, but with every kind of node the tests need: whole-GPU A100 and H100 nodes, and a MIG pool.

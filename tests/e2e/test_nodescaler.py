@@ -22,11 +22,10 @@ from kubernetes import client
 from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION
 from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
 from gpuaas.cluster.components import ComponentProcess, nodescaler_process
-from gpuaas.cluster.controlplane import KWOK_NODE_ANNOTATION
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
-from gpuaas.cluster.pools import parse_pool_spec
 from gpuaas.workloads import gpu_deployment, gpu_pod
+from runtime.pools import KWOK_NODE_ANNOTATION, parse_pool_spec
 from scoring.kubeobjects import POOL_LABEL
 from tests.deploy.manifests import DEPLOY
 from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch, failed_scheduling_times, fifo_latencies

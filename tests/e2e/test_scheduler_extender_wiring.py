@@ -13,7 +13,7 @@ from kubernetes import client
 
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.pools import parse_pool_spec
+from runtime.pools import parse_pool_spec
 from gpuaas.workloads import gpu_pod
 
 from .kube import pod, pod_phase, wait_for

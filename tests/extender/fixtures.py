@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuaas.cluster.pools import parse_pool_spec, spec_node_objects
+from runtime.pools import parse_pool_spec, spec_node_objects
 from gpuaas.workloads import gpu_pod
 
 POOLS = {"pools": [

@@ -16,7 +16,7 @@ from autoscaler.nodes.config import load_nodescaler_config
 from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
 from gpuaas import configref
 from gpuaas.cli import main
-from gpuaas.cluster.pools import load_pool_spec
+from runtime.pools import load_pool_spec
 from runtime.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from typing import Any
 from autoscaler.nodes.config import NodeScalerConfig
 from autoscaler.nodes.provider import render_node
 from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, DrainRecord
-from gpuaas.cluster.pools import parse_pool_spec, spec_node_objects
+from runtime.pools import parse_pool_spec, spec_node_objects
 from gpuaas.workloads import gpu_pod
 
 T0 = 1_800_000_000.0  # "now" of the tests, epoch seconds

@@ -7,10 +7,9 @@ import pytest
 
 from autoscaler.nodes.config import load_nodescaler_config
 from autoscaler.nodes.provider import FakeProvider, NodeNotFound, ProviderError, render_node
-from gpuaas.cluster.migmanager import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, \
-    mig_resources
-from gpuaas.cluster.pools import node_objects
+from gpuaas.cluster.migmanager import mig_resources
 from runtime.config import ConfigError
+from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, node_objects
 
 from .builders import A100X8, config
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuaas.cluster.pools import node_objects, parse_pool_spec
+from runtime.pools import node_objects, parse_pool_spec
 from gpuaas.workloads import gpu_pod, pod_for_demand
 from scoring.model import PodDemand
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain

@@ -1,4 +1,5 @@
-"""Declarative GPU node pools for the local cluster, and the Node objects they become.
+"""Declarative GPU node pools and the Node objects they become: the local cluster's pool spec and the node scaler's
+node-group templates (a pool without name and count) are rendered here, in the runtime layer both share.
 
 A pool spec is YAML:
 
@@ -42,7 +43,12 @@ from pydantic.alias_generators import to_camel
 from scoring import gpus
 from scoring.kubeobjects import POOL_LABEL, TOPOLOGY_ANNOTATION
 
-from .controlplane import KWOK_NODE_ANNOTATION
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # nodes carrying `kwok.x-k8s.io/node: fake` are played by kwok
+# The KWOK node provider holds a new node's GPUs back until its provisioning delay has passed; the harness's node agent
+# (gpuaas/cluster/migmanager.py) publishes them then.
+REGISTERING_LABEL = "gpuaas.io/kwok-gpu-registering"  # set by the KWOK node provider until GPUs are published
+GPU_RESOURCES_ANNOTATION = "gpuaas.io/kwok-gpu-resources"
+GPU_READY_AT_ANNOTATION = "gpuaas.io/kwok-gpu-ready-at"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
