@@ -19,14 +19,18 @@ Loaded with runtime.config.load_config (file, then GPUAAS_NODESCALER_* environme
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.pools import Pool, PoolSpecError, parse_pool_spec
+from runtime.pools import Pool, PoolSpecError, node_objects, parse_pool_spec
 from runtime.config import ConfigError, load_config
 from runtime.leader import LeaderElectionConfig as LeaseConfig
+from scoring.kubeobjects import node_spec
 from scoring.model import NodeSpec
 from scoring.policies import known_policy
 
@@ -80,26 +84,24 @@ class NodeGroupConfig(_Strict):
         """The template as a one-node pool (the renderer of runtime/pools.py takes pools)."""
         return Pool.model_validate({**self.template, "name": self.name, "count": 1})
 
+    @cached_property
+    def rendered_node(self) -> dict[str, Any]:
+        # cached_property writes the instance's __dict__ directly: pydantic's frozen check (in __setattr__) is not
+        # involved, and the cache is not a field (not validated, dumped or compared).
+        return node_objects(self.pool)[0]
+
+    @cached_property
+    def rendered_spec(self) -> NodeSpec:
+        return node_spec(self.template_node())  # scoring.kubeobjects.node_spec (the module's, not this method)
+
     def template_node(self) -> dict[str, Any]:
-        """The Node object the template renders (runtime/pools.node_objects), computed once."""
-        import copy
-
-        from runtime.pools import node_objects
-
-        if "_node" not in self.__dict__:
-            object.__setattr__(self, "_node", node_objects(self.pool)[0])  # frozen model: cache by hand
-        return copy.deepcopy(self.__dict__["_node"])
+        """The Node object the template renders (runtime/pools.node_objects), computed once; a copy each call."""
+        return copy.deepcopy(self.rendered_node)
 
     def node_spec(self, name: str) -> NodeSpec:
         """The model of one node of this group, read back from the Node object the template renders, so the model of
         an upcoming node is exactly what scoring.kubeobjects will read once the node is there."""
-        import dataclasses
-
-        from scoring.kubeobjects import node_spec
-
-        if "_spec" not in self.__dict__:
-            object.__setattr__(self, "_spec", node_spec(self.template_node()))
-        return dataclasses.replace(self.__dict__["_spec"], name=name)
+        return dataclasses.replace(self.rendered_spec, name=name)
 
     def template_constraints(self) -> tuple[dict[str, str], tuple]:
         """(labels, taints) of a node of this group, for the pods' nodeSelector, affinity and tolerations."""
