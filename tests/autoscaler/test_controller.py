@@ -10,6 +10,7 @@ import pytest
 from autoscaler.config import AutoscalerConfig, ConfigError, load_autoscaler_config, parse
 from autoscaler.controller import Controller, Observed, gather_signals
 from autoscaler.prom import BadQuery, NoData, PrometheusUnavailable, Sample
+from tests.fakes import Clock
 
 
 class FakeProm:
@@ -79,18 +80,10 @@ class FakeTargets:
         return next(c for c in self.conditions if c["type"] == type_)
 
 
-class Clock:
-    def __init__(self):
-        self.t = 1_000_000.0
-
-    def __call__(self):
-        return self.t
-
-
 def make(replicas=2, dry_run=False, **target):
     config = parse(AutoscalerConfig, {"interval_s": 15, "dry_run": dry_run, "targets": [
         {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60, **target}]})
-    prom, kube, clock = FakeProm(), FakeTargets(replicas), Clock()
+    prom, kube, clock = FakeProm(), FakeTargets(replicas), Clock(1_000_000.0)
     return Controller(config, prom, kube, clock=clock), prom, kube, clock
 
 
@@ -249,7 +242,7 @@ def pair(replicas=2):
     """Two controllers on the same Prometheus and Deployment, as two replicas of the autoscaler."""
     config = parse(AutoscalerConfig, {"interval_s": 15, "targets": [
         {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60}]})
-    prom, kube, clock, lease = FakeProm(), FakeTargets(replicas), Clock(), Lease("a")
+    prom, kube, clock, lease = FakeProm(), FakeTargets(replicas), Clock(1_000_000.0), Lease("a")
     a = Controller(config, prom, kube, clock=clock, may_act=lease.may_act("a"))
     b = Controller(config, prom, kube, clock=clock, may_act=lease.may_act("b"))
     return a, b, prom, kube, clock, lease
@@ -302,5 +295,5 @@ def test_losing_the_lease_in_the_middle_of_a_sync_stops_the_writes():
             ([True, True, True, False], [7], ["ScaleUp"], 0)):  # gone after it: the scale and its event, no more
         it = iter(answers)
         kube = FakeTargets(2)
-        Controller(config, FakeProm(), kube, clock=Clock(), may_act=lambda: next(it, False)).sync_once()
+        Controller(config, FakeProm(), kube, clock=Clock(1_000_000.0), may_act=lambda: next(it, False)).sync_once()
         assert (kube.scaled, [e[1] for e in kube.events], kube.condition_writes) == (scaled, events, condition_writes)

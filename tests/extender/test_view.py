@@ -9,16 +9,9 @@ from extender.service import ExtenderService
 from scoring.clusterview import ClusterView
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from scoring.model import MILLI
+from tests.fakes import Clock
 
 from .fixtures import bound, names, nodes, pending
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def view_with_nodes(clock=None) -> ClusterView:
@@ -72,12 +65,12 @@ def test_assumption_is_kept_until_confirmed_and_dropped_after_its_ttl():
     # The pod's own update (no nodeName yet) must not release what bind holds.
     view.on_change("Pod", None, pending("p", gpus=8))
     assert free_gpus(view, "a100-0002") == 0
-    clock.now = 31
+    clock.t = 31
     assert free_gpus(view, "a100-0002") == 8  # never confirmed: released
 
     view.assume("ml/p", "a100-0002", demand, tuple(range(8)))
     view.on_change("Pod", None, bound(pending("p", gpus=8), "a100-0002", "0,1,2,3,4,5,6,7"))
-    clock.now = 100
+    clock.t = 100
     assert free_gpus(view, "a100-0002") == 0  # confirmed by the watch: no expiry
     assert view.stats()["assumed"] == 0
 

@@ -8,6 +8,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from runtime.authz import (Attributes, Authorizer, Decision, ReviewFailed, User, access_review,
                               decision_from_review, forbidden_message, request_attributes, user_from_headers)
+from tests.fakes import Clock
 
 CM = "custom.metrics.k8s.io"
 
@@ -111,19 +112,11 @@ class FakeReviewer:
         return {"allowed": self.allows(body["spec"])}
 
 
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-
 ATTRS = request_attributes("GET", f"/apis/{CM}/v1beta1/namespaces/inf/pods/*/queue_depth")
 
 
 def test_decisions_are_cached_for_their_ttl_then_asked_again():
-    reviewer, clock = FakeReviewer(), Clock()
+    reviewer, clock = FakeReviewer(), Clock(100.0)
     authz = Authorizer(reviewer, allow_ttl_s=10, deny_ttl_s=5, clock=clock)
     alice, mallory = User("alice"), User("mallory")
     for _ in range(3):
@@ -141,7 +134,7 @@ def test_decisions_are_cached_for_their_ttl_then_asked_again():
 
 
 def test_the_cache_is_bounded_least_recently_used_first():
-    reviewer, clock = FakeReviewer(allowed_users={f"u{i}" for i in range(10)}), Clock()
+    reviewer, clock = FakeReviewer(allowed_users={f"u{i}" for i in range(10)}), Clock(100.0)
     authz = Authorizer(reviewer, size=3, clock=clock)
     for i in range(5):
         authz.authorize(User(f"u{i}"), ATTRS)
@@ -159,7 +152,7 @@ def test_privileged_groups_are_not_asked_about():
 
 def test_a_failed_review_is_not_cached_and_the_next_one_is_made():
     reviewer = FakeReviewer()
-    authz = Authorizer(reviewer, clock=Clock())
+    authz = Authorizer(reviewer, clock=Clock(100.0))
     reviewer.fail = ReviewFailed(503, "SubjectAccessReview failed: ConnectionRefusedError")
     with pytest.raises(ReviewFailed):
         authz.authorize(User("alice"), ATTRS)
@@ -194,7 +187,7 @@ def test_a_token_review_names_the_user_only_when_it_authenticated():
 def test_the_token_cache_keeps_answers_for_its_ttl_and_never_the_token():
     from runtime.authz import TokenCache
 
-    clock = Clock()
+    clock = Clock(100.0)
     cache = TokenCache(ttl_s=10, size=2, clock=clock)
     assert cache.get("secret-token") == (False, None)
     cache.put("secret-token", User("alice"))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from runtime.informer import EventTooLarge, Health, Informer, split_lines
 from runtime.kubeclient import ApiEndpoint
+from tests.fakes import Clock
 
 MiB = 1024 * 1024
 
@@ -174,20 +175,12 @@ def test_split_lines_does_not_depend_on_how_the_stream_is_cut(lines, cuts):
 
 # ---- health and readiness, on an injected clock -------------------------------------------------------------------
 
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def _informer(clock: Clock) -> Informer:
     return Informer(ApiEndpoint("http://unused", False, {}), "/api/v1/nodes", kind="Node", clock=clock)
 
 
 def test_health_is_withdrawn_after_max_stale_without_a_working_watch_and_says_why():
-    clock = Clock()
+    clock = Clock(1000.0)
     inf = _informer(clock)
     assert not inf.health(clock(), 60) and "not synced yet" in inf.health(clock(), 60).why
     inf.synced.set()
@@ -210,7 +203,7 @@ def test_health_is_withdrawn_after_max_stale_without_a_working_watch_and_says_wh
 
 
 def test_readiness_needs_every_informer_healthy_and_names_those_that_are_not():
-    clock = Clock()
+    clock = Clock(1000.0)
     nodes, pods = _informer(clock), _informer(clock)
     pods.kind, pods.path = "Pod", "/api/v1/pods"
     assert not Informer.readiness([], 60)
@@ -226,7 +219,7 @@ def test_readiness_needs_every_informer_healthy_and_names_those_that_are_not():
 
 
 def test_the_informer_is_healthy_while_a_real_watch_is_open_and_counts_events_as_contact():
-    clock = Clock()
+    clock = Clock(1000.0)
     fake = FakeApiserver([pod("p", "1")], [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "5"}}}])
 
     healths = []
@@ -300,7 +293,7 @@ def test_the_node_scaler_withdraws_readiness_past_max_watch_stale_s(tmp_path):
     from autoscaler.nodes.config import NodeScalerConfig
     from autoscaler.nodes.service import Service
 
-    clock = Clock()
+    clock = Clock(1000.0)
     config = NodeScalerConfig.model_validate({
         "groups": [{"name": "a100", "max_size": 2, "cost_per_hour": 1.0,
                     "template": {"gpu": {"model": "A100-80GB", "count": 8}}}],
