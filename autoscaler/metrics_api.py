@@ -33,7 +33,7 @@ from typing import Protocol
 from aiohttp import web
 
 from runtime.authz import (USER_HEADER, Attributes, Authorizer, ReviewFailed, forbidden_message, request_attributes,
-                          user_from_headers)
+                          user_from_certificate, user_from_headers)
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
 from .config import MetricsApiConfig, MetricRule
 from .prom import BadQuery, MetricsError, Prometheus, PrometheusUnavailable, escape_label_value
@@ -254,14 +254,9 @@ METRIC_REQUEST = web.RequestKey("metric_request", MetricRequest)  # set by the m
 
 
 def _peer_name(request: web.Request) -> str | None:
-    cert = request.transport.get_extra_info("peercert") if request.transport else None
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return value
-    return None
+    """The common name of the verified client certificate, as kube-apiserver's x509 authenticator reads it."""
+    user = user_from_certificate(request.transport.get_extra_info("peercert") if request.transport else None)
+    return user.name if user is not None else None
 
 
 async def _authorize(request: web.Request, authorizer: Authorizer) -> None:

@@ -79,9 +79,7 @@ class Callers:
 
 def peer_certificate(request: web.Request) -> dict | None:
     """The client certificate the TLS layer verified, as ssl's getpeercert() gives it; None without one."""
-    transport = request.transport
-    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-    return ssl_object.getpeercert() if ssl_object is not None else None
+    return request.transport.get_extra_info("peercert") if request.transport is not None else None
 
 
 def bearer_token(request: web.Request) -> str | None:
