@@ -38,19 +38,20 @@ def _text(value: Any, field: str | None, most: int) -> str:
     return value
 
 
+def _checked(value: Any, field: str | None, most: int, pattern: re.Pattern[str], kind: str) -> str:
+    text = _text(value, field, most)
+    if not pattern.fullmatch(text):
+        raise InvalidName(f"{_at(field)}{text!r} is not a {kind}")
+    return text
+
+
 def dns1123_label(value: Any, field: str | None = None) -> str:
     """`value` if it is a DNS-1123 label (a namespace), else InvalidName naming `field` (if given)."""
-    text = _text(value, field, DNS1123_LABEL_MAX)
-    if not _LABEL_RE.fullmatch(text):
-        raise InvalidName(f"{_at(field)}{text!r} is not a DNS-1123 label (lower-case alphanumerics and '-', starting "
-                          "and ending with an alphanumeric)")
-    return text
+    return _checked(value, field, DNS1123_LABEL_MAX, _LABEL_RE, "DNS-1123 label (lower-case alphanumerics and '-', "
+                    "starting and ending with an alphanumeric)")
 
 
 def dns1123_subdomain(value: Any, field: str | None = None) -> str:
     """`value` if it is a DNS-1123 subdomain (a pod or node name), else InvalidName naming `field` (if given)."""
-    text = _text(value, field, DNS1123_SUBDOMAIN_MAX)
-    if not _SUBDOMAIN_RE.fullmatch(text):
-        raise InvalidName(f"{_at(field)}{text!r} is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', "
-                          "starting and ending with an alphanumeric)")
-    return text
+    return _checked(value, field, DNS1123_SUBDOMAIN_MAX, _SUBDOMAIN_RE, "DNS-1123 subdomain (lower-case "
+                    "alphanumerics, '-' and '.', starting and ending with an alphanumeric)")
