@@ -15,6 +15,7 @@ COPY scoring/ scoring/
 COPY runtime/ runtime/
 COPY extender/ extender/
 COPY autoscaler/ autoscaler/
+COPY nodescaler/ nodescaler/
 COPY gpuaas/ gpuaas/
 RUN pip install . && rm -rf /src
 

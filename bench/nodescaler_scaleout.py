@@ -32,7 +32,7 @@ from kubernetes import client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION  # noqa: E402
+from nodescaler.provider import REQUESTED_AT_ANNOTATION  # noqa: E402
 from gpuaas.cluster.components import ComponentProcess  # noqa: E402
 from gpuaas.cluster.local import LocalCluster  # noqa: E402
 from gpuaas.cluster.migmanager import FakeNodeAgent  # noqa: E402

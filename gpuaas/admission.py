@@ -3,7 +3,7 @@ admits a workload all-or-nothing, so that a gang never holds GPUs for some of it
 half-placed gangs can block each other for good).
 
 The decision is `scoring.planner.place_gang` (CP-SAT, with a greedy fallback) on the scoring model of the Nodes and
-bound Pods, built as the nodescaler builds it (autoscaler/nodes/snapshot.py). The scheduler then places the pods; they
+bound Pods, built as the nodescaler builds it (nodescaler/snapshot.py). The scheduler then places the pods; they
 fit as planned unless something else is bound in between, as with Kueue, which admits on quota and leaves placement to
 the scheduler.
 
@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from autoscaler.nodes.snapshot import build_snapshot
+from nodescaler.snapshot import build_snapshot
 from scoring.fragmentation import Workload
 from scoring.kubeobjects import pod_demand, pod_key
 from scoring.model import ClusterState, PodDemand

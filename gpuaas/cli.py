@@ -15,7 +15,7 @@ VERB_MODULES = (
     "extender.cli",
     "autoscaler.cli",
     "gpuaas.loadgen.cli",
-    "autoscaler.nodes.cli",
+    "nodescaler.cli",
     "gpuaas.simulate.cli",
     "gpuaas.report.cli",
     "gpuaas.configref",

@@ -225,7 +225,7 @@ def _gpu_catalog() -> str:
 def config_docs() -> list[ConfigDoc]:
     from autoscaler.config import ENV_PREFIX as AUTOSCALER_ENV, METRICS_API_ENV_PREFIX as METRICS_API_ENV
     from autoscaler.config import AutoscalerConfig, MetricsApiConfig
-    from autoscaler.nodes.config import ENV_PREFIX as NODESCALER_ENV, NodeScalerConfig
+    from nodescaler.config import ENV_PREFIX as NODESCALER_ENV, NodeScalerConfig
     from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
     from runtime.pools import PoolSpec
 
@@ -254,7 +254,7 @@ def config_docs() -> list[ConfigDoc]:
                   "allowed_client_names: [front-proxy-client]\n",
                   "metrics-api", env_prefix=METRICS_API_ENV, verb="metrics-api"),
         ConfigDoc("Node scaler", NodeScalerConfig,
-                  "`gpuaas nodescaler --config FILE` (`autoscaler/nodes/config.py`). Read from the file, then from "
+                  "`gpuaas nodescaler --config FILE` (`nodescaler/config.py`). Read from the file, then from "
                   f"`{NODESCALER_ENV}*` environment variables, then `--dry-run`. A group's `template` is validated "
                   "as a pool of the [pool spec](#pool-spec) (without `name` and `count`).",
                   "interval_s: 10\ngroups:\n  - name: a100x8\n    template: {gpu: {model: A100-80GB, count: 8}, "

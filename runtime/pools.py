@@ -143,7 +143,7 @@ class GpuSpec(_Strict):
 
 
 class Autoscale(_Strict):
-    """A pool that is also a node group of `gpuaas nodescaler` (autoscaler/nodes/config.py NodeGroupConfig)."""
+    """A pool that is also a node group of `gpuaas nodescaler` (nodescaler/config.py NodeGroupConfig)."""
     min_size: int = Field(default=0, ge=0, description="the group never shrinks below this many nodes")
     max_size: int = Field(ge=1, description="the group never grows beyond this many nodes")
     provisioning_delay_s: float = Field(default=0.0, ge=0, alias="provisioningDelaySeconds",

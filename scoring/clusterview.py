@@ -1,5 +1,5 @@
 """The live view of the cluster: Nodes and Pods as informers deliver them, kept as a scoring model. The extender
-decides on it and the node autoscaler plans on it; it is pure (objects in, model out, an injected clock), so both
+decides on it and the node scaler plans on it; it is pure (objects in, model out, an injected clock), so both
 feed it from their own watches.
 
 Pods that hold resources (bound, not finished) are placed into the model on the GPUs gpuaas recorded for them

@@ -1,6 +1,6 @@
 """Where a pod may go by the node's labels and taints: nodeSelector, required node affinity (matchExpressions and
 matchFields on metadata.name) and taints/tolerations, as kube-scheduler's NodeAffinity and TaintToleration filters
-judge them. The scoring model knows GPUs, CPU and memory only; the autoscaler's what-if adds these so that it never
+judge them. The scoring model knows GPUs, CPU and memory only; the node scaler's what-if adds these so that it never
 plans a pod onto a node (or a node group) the scheduler would refuse it, and the extender's bind refuses what the
 scheduler's filters would have refused (`bind_refusal`). Pure.
 """

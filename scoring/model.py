@@ -1,6 +1,6 @@
 """The cluster model every gpuaas decision reads: nodes, their GPUs, and pod demands.
 
-One model for the extender, the autoscaler's what-if and the packing simulator. Node state is kept column-wise in numpy
+One model for the extender, the node scaler's what-if and the packing simulator. Node state is kept column-wise in numpy
 arrays (one row per node, one column per GPU slot) so that scoring a pod against every node is array work.
 
 Units: CPU in millicores, memory in MiB, GPU share in thousandths of a GPU ("milli": 1000 = one whole GPU). A GPU's

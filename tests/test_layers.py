@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-COMPONENTS = ("extender.server", "autoscaler.service", "autoscaler.metrics_api", "autoscaler.nodes.service")
+COMPONENTS = ("extender.server", "autoscaler.service", "autoscaler.metrics_api", "nodescaler.service")
 
 
 def loaded_after_import(module: str) -> list[str]:

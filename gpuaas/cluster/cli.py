@@ -107,7 +107,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def add_fake_node_agent(nodescaler: argparse.ArgumentParser) -> None:
     """Give `gpuaas nodescaler` the harness's `--fake-node-agent`: the node agent (migmanager.py) runs beside the
-    node scaler for as long as it runs. The node scaler itself (autoscaler/nodes) knows nothing of it."""
+    node scaler for as long as it runs. The node scaler itself (nodescaler/) knows nothing of it."""
     nodescaler.add_argument("--fake-node-agent", action="store_true",
                             help="local KWOK clusters only: also play the device plugin and the GPU operator's MIG "
                                  "manager (gpuaas/cluster/migmanager.py), so that new nodes get their GPUs and MIG "

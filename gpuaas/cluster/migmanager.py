@@ -8,7 +8,7 @@ allocatable resources and `nvidia.com/mig-*.count` labels that `runtime/pools.no
 config (the same code that renders every KWOK GPU node), then `success`. A node with GPU pods on it is refused with
 `failed`, as the real manager will not repartition GPUs in use.
 
-Device-plugin registration. Nodes the KWOK node provider creates (autoscaler/nodes/provider.py) register without GPU
+Device-plugin registration. Nodes the KWOK node provider creates (nodescaler/provider.py) register without GPU
 resources and carry the resources to advertise and the time to do it in annotations; at that time the resources are
 published, as the device plugin does once the driver is up.
 """

@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes import client
 
-from autoscaler.nodes.snapshot import build_snapshot, node_info, parse_time
+from nodescaler.snapshot import build_snapshot, node_info, parse_time
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 from scoring.kubeobjects import (GPU_RESOURCE, PRODUCT_LABEL, SHARE_RESOURCE, holds_resources, pod_key,

@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 
 from autoscaler.config import AutoscalerConfig, Target
 from autoscaler.controller import gather_signals
-from autoscaler.nodes.config import NodeGroupConfig
+from nodescaler.config import NodeGroupConfig
 from autoscaler.prom import Prometheus
 from extender.schedconfig import extender_entry, gpuaas_profile
 from runtime.pools import PoolSpec

@@ -94,7 +94,7 @@ def test_cpu_only_pool():
 
 
 def test_a_pool_with_autoscale_is_a_node_group():
-    from autoscaler.nodes.config import NodeGroupConfig
+    from nodescaler.config import NodeGroupConfig
 
     pool = parse_pool_spec(spec(count=1, cpu="96", autoscale={"maxSize": 3, "provisioningDelaySeconds": 5,
                                                               "costPerHour": 32.77})).pools[0]

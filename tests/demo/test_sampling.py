@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from autoscaler.nodes.config import NodeGroupConfig
-from autoscaler.nodes.provider import render_node
+from nodescaler.config import NodeGroupConfig
+from nodescaler.provider import render_node
 from gpuaas.cluster.local import resolve_pool_spec
 from runtime.pools import node_objects
 from gpuaas.demo.sampling import (Serving, component_events, compute_sample, final_state, go_duration, pod_gpus,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoscaler.config import AutoscalerConfig
-from autoscaler.nodes.config import NodeScalerConfig
+from nodescaler.config import NodeScalerConfig
 from gpuaas.cluster.local import resolve_pool_spec
 from gpuaas.cluster.stages import COMPLETE_AFTER_ANNOTATION
 from gpuaas.demo.sampling import go_duration

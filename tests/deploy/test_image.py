@@ -18,7 +18,7 @@ from .manifests import DEPLOY, REPO, render
 
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-PACKAGES = ("scoring", "runtime", "extender", "autoscaler", "autoscaler.nodes", "gpuaas", "gpuaas.cluster",
+PACKAGES = ("scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas", "gpuaas.cluster",
             "gpuaas.pools")
 
 
@@ -43,7 +43,7 @@ def copied_sources() -> list[str]:
 
 def tracked_package_files() -> list[str]:
     """The files of the five packages in git: what the image must carry (sources and data)."""
-    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "gpuaas"], cwd=REPO,
+    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split()
     return sorted(listed)
 

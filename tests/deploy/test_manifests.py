@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from autoscaler.config import load_autoscaler_config, load_metrics_api_config
-from autoscaler.nodes.config import load_nodescaler_config
+from nodescaler.config import load_nodescaler_config
 from extender.config import ENV_PREFIX, ExtenderConfig
 from extender.schedconfig import shipped_file
 from gpuaas.cli import build_parser

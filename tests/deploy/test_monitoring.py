@@ -24,7 +24,7 @@ import yaml
 
 from autoscaler.config import DEFAULT_QUERIES, MetricsApiConfig
 from extender.metrics import Metrics as ExtenderMetrics
-from autoscaler.nodes.metrics import Metrics as NodescalerMetrics
+from nodescaler.metrics import Metrics as NodescalerMetrics
 from gpuaas.cluster.prometheus import PrometheusServer
 from gpuaas.loadgen.replayer import render_metrics
 from gpuaas.loadgen.serving import ServiceModel, ServingSystem

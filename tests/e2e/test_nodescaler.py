@@ -1,4 +1,4 @@
-"""The node autoscaler on a real control plane with KWOK GPU nodes: scale-out for 50 eight-GPU pods and scale-in under
+"""The node scaler on a real control plane with KWOK GPU nodes: scale-out for 50 eight-GPU pods and scale-in under
 a PodDisruptionBudget checked continuously, MIG repartitioning instead of a new node, the controller killed during
 drains, nodes in service going unready, and two replicas behind one Lease.
 
@@ -19,8 +19,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from autoscaler.nodes.provider import REQUESTED_AT_ANNOTATION
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
+from nodescaler.provider import REQUESTED_AT_ANNOTATION
+from nodescaler.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
 from gpuaas.cluster.components import ComponentProcess, nodescaler_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent

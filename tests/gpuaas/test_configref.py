@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from autoscaler.config import load_autoscaler_config, load_metrics_api_config
-from autoscaler.nodes.config import load_nodescaler_config
+from nodescaler.config import load_nodescaler_config
 from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
 from gpuaas import configref
 from gpuaas.cli import main

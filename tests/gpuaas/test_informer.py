@@ -290,8 +290,8 @@ def test_the_extender_withdraws_readiness_when_its_watches_break_and_says_why(tm
 def test_the_node_scaler_withdraws_readiness_past_max_watch_stale_s(tmp_path):
     from aiohttp.test_utils import TestClient
 
-    from autoscaler.nodes.config import NodeScalerConfig
-    from autoscaler.nodes.service import Service
+    from nodescaler.config import NodeScalerConfig
+    from nodescaler.service import Service
 
     clock = Clock(1000.0)
     config = NodeScalerConfig.model_validate({

@@ -1,13 +1,13 @@
-"""Fluent-enough builders of Node, Pod and PDB dicts (as the API returns them) for the node autoscaler's unit tests."""
+"""Fluent-enough builders of Node, Pod and PDB dicts (as the API returns them) for the node scaler's unit tests."""
 from __future__ import annotations
 
 import datetime as dt
 import json
 from typing import Any
 
-from autoscaler.nodes.config import NodeScalerConfig
-from autoscaler.nodes.provider import render_node
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, DrainRecord
+from nodescaler.config import NodeScalerConfig
+from nodescaler.provider import render_node
+from nodescaler.snapshot import DRAIN_ANNOTATION, DrainRecord
 from runtime.pools import parse_pool_spec, spec_node_objects
 from gpuaas.workloads import gpu_pod
 

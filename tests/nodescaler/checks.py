@@ -23,7 +23,7 @@ import time
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION
+from nodescaler.snapshot import DRAIN_ANNOTATION
 
 
 def _selector(sel) -> str:

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from autoscaler.nodes.config import load_nodescaler_config
-from autoscaler.nodes.provider import FakeProvider, NodeNotFound, ProviderError, render_node
+from nodescaler.config import load_nodescaler_config
+from nodescaler.provider import FakeProvider, NodeNotFound, ProviderError, render_node
 from gpuaas.cluster.migmanager import mig_resources
 from runtime.config import ConfigError
 from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, node_objects

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from scoring.constraints import Placement, allows
-from autoscaler.nodes.scaleout import plan_scale_out
-from autoscaler.nodes.snapshot import build_snapshot
+from nodescaler.scaleout import plan_scale_out
+from nodescaler.snapshot import build_snapshot
 
 from .builders import A100X8, T0, config, pending
 

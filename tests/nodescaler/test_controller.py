@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from autoscaler.nodes.config import NodeScalerConfig
-from autoscaler.nodes.controller import NodeScaler
-from autoscaler.nodes.provider import FakeProvider, ProviderError
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, build_snapshot
+from nodescaler.config import NodeScalerConfig
+from nodescaler.controller import NodeScaler
+from nodescaler.provider import FakeProvider, ProviderError
+from nodescaler.snapshot import DRAIN_ANNOTATION, build_snapshot
 
 from .builders import A100X8, T0, booting_node, config, iso, mig_nodes, nodes, pdb, pending, pod
 

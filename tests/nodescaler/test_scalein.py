@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.nodes.drain import DeleteNode, Evict, Rollback, Wait, drain_step, eviction_body, start_patch
-from autoscaler.nodes.scalein import eviction_blocker, gpu_utilization, plan_scale_in, update_unneeded
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, DrainRecord, build_snapshot, pod_info
+from nodescaler.drain import DeleteNode, Evict, Rollback, Wait, drain_step, eviction_body, start_patch
+from nodescaler.scalein import eviction_blocker, gpu_utilization, plan_scale_in, update_unneeded
+from nodescaler.snapshot import DRAIN_ANNOTATION, DrainRecord, build_snapshot, pod_info
 
 from .builders import A100X8, T0, config, draining, nodes, pdb, pod
 

@@ -1,8 +1,8 @@
 """Scale-out decisions on hand-built snapshots: which group, how many nodes, and when not to grow."""
 from __future__ import annotations
 
-from autoscaler.nodes.scaleout import Upcoming, plan_scale_out
-from autoscaler.nodes.snapshot import build_snapshot
+from nodescaler.scaleout import Upcoming, plan_scale_out
+from nodescaler.snapshot import build_snapshot
 
 from .builders import A100X8, T0, booting_node, config, mig_nodes, nodes, pending, pod
 

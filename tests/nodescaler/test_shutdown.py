@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import autoscaler.nodes.service as service_module
-from autoscaler.nodes.controller import KubeCluster, NodeScaler
-from autoscaler.nodes.provider import FakeProvider, KwokProvider
-from autoscaler.nodes.service import Service
+import nodescaler.service as service_module
+from nodescaler.controller import KubeCluster, NodeScaler
+from nodescaler.provider import FakeProvider, KwokProvider
+from nodescaler.service import Service
 from runtime.informer import Health, Informer
 
 from .builders import T0, config, pending

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from autoscaler.nodes.controller import Memory, decide
-from autoscaler.nodes.provider import FakeProvider
-from autoscaler.nodes.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, SCALE_DOWN_DISABLED
+from nodescaler.controller import Memory, decide
+from nodescaler.provider import FakeProvider
+from nodescaler.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, SCALE_DOWN_DISABLED
 
 from .builders import A100X8, T0, booting_node, config, iso, nodes, pending, pod
 from .test_controller import DeletingProvider, FakeCluster, make

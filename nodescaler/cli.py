@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Grow GPU node groups for unschedulable pods (repartitioning idle MIG GPUs "
                                           "first), drain and remove idle GPU nodes through the Eviction API, one "
                                           "leader at a time (see docs/node-autoscaling.md).")
-    p.add_argument("--config", required=True, help="YAML config (autoscaler/nodes/config.py documents the fields)")
+    p.add_argument("--config", required=True, help="YAML config (nodescaler/config.py documents the fields)")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz")
     p.add_argument("--port", type=int, default=8090)

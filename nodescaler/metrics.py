@@ -1,4 +1,4 @@
-"""Prometheus metrics of the node autoscaler, on a registry of its own."""
+"""Prometheus metrics of the node scaler, on a registry of its own."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram

@@ -1,8 +1,8 @@
-"""What the node autoscaler decides on: Nodes, Pods and PodDisruptionBudgets (plain dicts, as the API returns them)
+"""What the node scaler decides on: Nodes, Pods and PodDisruptionBudgets (plain dicts, as the API returns them)
 read once into frozen records plus the scoring model of the GPU-ready nodes. Pure: no I/O, the time is passed in.
 
 The scoring model is built by `scoring.clusterview.ClusterView`, as in the extender (the one code path that turns Nodes and bound Pods into a
-`ClusterState`), so the autoscaler's what-if sees the cluster exactly as the extender does.
+`ClusterState`), so the node scaler's what-if sees the cluster exactly as the extender does.
 """
 from __future__ import annotations
 

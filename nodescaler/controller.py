@@ -1,4 +1,4 @@
-"""The node autoscaler's reconcile: `decide` (pure: snapshot + memory -> what to do) and `NodeScaler.run_once(now)`,
+"""The node scaler's reconcile: `decide` (pure: snapshot + memory -> what to do) and `NodeScaler.run_once(now)`,
 which takes a snapshot, decides, and has the thin Kubernetes shell (`Cluster`) and the provider act, re-validating
 what can have changed since the snapshot:
 
