@@ -29,6 +29,7 @@ from ..cluster.controlplane import ControlPlane, ControlPlaneError
 from ..cluster.local import resolve_pool_spec
 from ..cluster.tools import ToolsMissing
 from ..loadgen.trace import TraceError, load_trace, synthetic_trace
+from ..plotting import MatplotlibMissing, require_matplotlib
 from .sampling import go_duration, utc_now
 from .stack import RunSettings, Stack
 from .timeline import SLO_QUEUE_WAIT_S, build_timeline, timeline_workload
@@ -232,6 +233,11 @@ def sample_until(stacks: list[Stack], t0: float, duration_s: float, every_s: flo
 
 def run(args: argparse.Namespace) -> int:
     wall0 = time.monotonic()
+    try:
+        require_matplotlib("the demo's report")  # asked now, not after the run (bin/gpuaas's venv has it)
+    except MatplotlibMissing as err:
+        print(f"gpuaas demo: {err}", file=sys.stderr)
+        return 2
     try:
         pools = resolve_pool_spec(args.pools)
     except PoolSpecError as err:

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..plotting import MatplotlibMissing
 from . import write_report
 from .model import RunRecordError, load_run_record
 
@@ -24,6 +25,10 @@ def run(args: argparse.Namespace) -> int:
     except RunRecordError as err:
         print(f"gpuaas report: {err}", file=sys.stderr)
         return 2
-    path = write_report(record, args.out or args.run_json.parent)
+    try:
+        path = write_report(record, args.out or args.run_json.parent)
+    except MatplotlibMissing as err:
+        print(f"gpuaas report: {err}", file=sys.stderr)
+        return 1
     print(path)
     return 0

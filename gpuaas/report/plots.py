@@ -1,6 +1,7 @@
 """The report's PNG plots, both schedulers on the same axes: matplotlib figures drawn off-screen (Agg).
 
-matplotlib is imported when a plot is drawn, not when `gpuaas` builds its parser (it costs half a second)."""
+matplotlib is imported when a plot is drawn, not when `gpuaas` builds its parser (it costs half a second). It is the
+`plot` extra: without it `write_plots` raises gpuaas.plotting.MatplotlibMissing, which says what to install."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..plotting import require_matplotlib
 from .model import DeploymentSample, Run, RunRecord, Sample
 
 if TYPE_CHECKING:
@@ -186,9 +188,11 @@ def plot_queue_wait(record: RunRecord, path: Path, time: TimeAxis) -> None:
 
 
 def write_plots(record: RunRecord, outdir: Path) -> list[Plot]:
-    """Draw every plot the record has data for into `outdir`; the ones written, in the report's order."""
+    """Draw every plot the record has data for into `outdir`; the ones written, in the report's order. Raises
+    MatplotlibMissing (naming the plot extra) when there is something to draw and matplotlib is not installed."""
     if not any(run.samples for run in record.runs.values()):
         return []
+    require_matplotlib("drawing the report's plots")
     time = TimeAxis.of(record)
     plots = [(Plot("allocation.png", "GPU allocation and fragmentation over time"), plot_allocation),
              (Plot("nodes.png", "Nodes over time"), plot_nodes)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .output import write_json, write_plot
+from .output import can_plot, write_json, write_plot
 
 SERVICE_MODEL_HELP = """service model (defaults): one replica = one GPU; it serves up to 8 requests at once
 (--concurrency); a request takes ContextTokens/5000 + GeneratedTokens/20 seconds (--prefill-tps, --decode-tps); a new
@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuaas.loadgen.trace import TraceError, load_trace, scale_rate
     from gpuaas.simulate.autoscaling import peak_replicas, simulate
 
+    if not can_plot(args.plot, "autoscaling"):
+        return 1
     names = [n.strip().lower() for n in args.policy.split(",") if n.strip()]
     try:
         model = ServiceModel(concurrency=args.concurrency, prefill_tokens_per_s=args.prefill_tps,

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .output import write_json, write_plot
+from .output import can_plot, write_json, write_plot
 
 SUBVERBS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 # Modules that contribute `gpuaas simulate <sub-verb>`s by calling register_subverb when imported.
@@ -102,6 +102,8 @@ def run_packing(args: argparse.Namespace) -> int:
         print(f"gpuaas simulate packing: unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)}",
               file=sys.stderr)
         return 2
+    if not can_plot(args.plot, "packing"):
+        return 1
     try:
         nodes = load_nodes(args.nodes)
         pods = load_pods(args.pods)
