@@ -96,9 +96,9 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics_api(args: argparse.Namespace) -> int:
+    from runtime.authz import Authorizer, KubeAccessReviewer
     from runtime.kubeclient import api_client
 
-    from runtime.authz import Authorizer, KubeAccessReviewer
     from .config import ConfigError, load_metrics_api_config
     from .metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
     from .prom import Prometheus

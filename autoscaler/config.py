@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.config import M, ConfigError, load_config, validate  # noqa: F401 (ConfigError: part of this module's API)
+from runtime.config import ConfigError, M, load_config, validate  # noqa: F401 (ConfigError: part of this module's API)
 from runtime.leader import LeaderElectionConfig
 from scoring.names import dns1123_label, dns1123_subdomain
 
@@ -132,7 +132,7 @@ class Target(Strict):
         return v
 
     @model_validator(mode="after")
-    def _bounds(self) -> "Target":
+    def _bounds(self) -> Target:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
         return self
@@ -169,7 +169,7 @@ class AutoscalerConfig(Strict):
     targets: list[Target] = Field(min_length=1, description="the Deployments to scale, each namespace/name once")
 
     @model_validator(mode="after")
-    def _unique(self) -> "AutoscalerConfig":
+    def _unique(self) -> AutoscalerConfig:
         keys = [t.key for t in self.targets]
         dup = sorted({k for k in keys if keys.count(k) > 1})
         if dup:

@@ -133,7 +133,7 @@ class KubeTargets:
                                                     {"spec": {"replicas": replicas}}, _request_timeout=self.timeout)
 
     def event(self, target: Target, observed: Observed, type_: str, reason: str, message: str) -> None:
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         self.core.create_namespaced_event(target.namespace, {
             "metadata": {"generateName": f"{target.deployment}.", "namespace": target.namespace},
             "involvedObject": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.deployment,
@@ -151,7 +151,7 @@ class KubeTargets:
 
 # ---- the loop -------------------------------------------------------------------------------------------------------
 def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge_conditions(old: list[dict[str, str]], new: list[tuple[str, str, str, str]], now: float) -> list[dict[str, str]]:

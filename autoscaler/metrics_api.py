@@ -32,10 +32,19 @@ from typing import Protocol
 
 from aiohttp import web
 
-from runtime.authz import (USER_HEADER, Attributes, Authorizer, ReviewFailed, forbidden_message, request_attributes,
-                          user_from_certificate, user_from_headers)
+from runtime.authz import (
+    USER_HEADER,
+    Attributes,
+    Authorizer,
+    ReviewFailed,
+    forbidden_message,
+    request_attributes,
+    user_from_certificate,
+    user_from_headers,
+)
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
-from .config import MetricsApiConfig, MetricRule
+
+from .config import MetricRule, MetricsApiConfig
 from .prom import BadQuery, MetricsError, Prometheus, PrometheusUnavailable, escape_label_value
 
 log = logging.getLogger("gpuaas.metrics_api")
@@ -243,7 +252,7 @@ def metric_request(params: dict[str, str] | web.UrlMappingMatchInfo) -> MetricRe
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -385,7 +394,7 @@ class MetricsApiServer:
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
-    def start(self) -> "MetricsApiServer":
+    def start(self) -> MetricsApiServer:
         started = threading.Event()
         errors: list[BaseException] = []
 

@@ -10,8 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuaas.cluster.process import process_alive
 from gpuaas.cluster.local import resolve_pool_spec
+from gpuaas.cluster.process import process_alive
 
 
 def one_run(pools: str) -> dict:

@@ -21,8 +21,8 @@ import numpy as np
 import orjson
 
 from gpuaas.cluster.components import ComponentProcess
-from runtime.pools import parse_pool_spec, spec_node_objects
 from gpuaas.workloads import gpu_pod
+from runtime.pools import parse_pool_spec, spec_node_objects
 
 
 def cluster(nodes: int, seed: int) -> tuple[list[dict], list[dict]]:

@@ -25,11 +25,11 @@ from kubernetes import client
 
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
-from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from runtime.pools import pools_from_node_specs
+from gpuaas.cluster.process import free_port
 from gpuaas.simulate.traces import load_nodes, load_pods
 from gpuaas.workloads import pod_for_demand
+from runtime.pools import pools_from_node_specs
 from scoring.kubeobjects import pod_demand
 from scoring.model import ClusterState
 from scoring.simulation import inflate, simulate

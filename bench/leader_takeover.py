@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuaas.cluster.components import ComponentProcess  # noqa: E402
 from gpuaas.cluster.local import LocalCluster  # noqa: E402
-from runtime.pools import parse_pool_spec  # noqa: E402
 from gpuaas.cluster.prometheus import PrometheusServer  # noqa: E402
 from gpuaas.workloads import gpu_deployment  # noqa: E402
+from runtime.pools import parse_pool_spec  # noqa: E402
 from tests.e2e.kube import lease_rules, rbac_manifest  # noqa: E402
 from tests.e2e.test_autoscaler_leader import AUTOSCALER_RULES  # noqa: E402
 

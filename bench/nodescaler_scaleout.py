@@ -32,12 +32,12 @@ from kubernetes import client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nodescaler.provider import REQUESTED_AT_ANNOTATION  # noqa: E402
 from gpuaas.cluster.components import ComponentProcess  # noqa: E402
 from gpuaas.cluster.local import LocalCluster  # noqa: E402
 from gpuaas.cluster.migmanager import FakeNodeAgent  # noqa: E402
-from runtime.pools import parse_pool_spec  # noqa: E402
 from gpuaas.workloads import gpu_deployment  # noqa: E402
+from nodescaler.provider import REQUESTED_AT_ANNOTATION  # noqa: E402
+from runtime.pools import parse_pool_spec  # noqa: E402
 from tests.nodescaler.checks import failed_scheduling_times, fifo_latencies  # noqa: E402
 
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}

@@ -23,10 +23,10 @@ from kubernetes import client
 
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process
-from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from runtime.pools import parse_pool_spec
+from gpuaas.cluster.process import free_port
 from gpuaas.workloads import gpu_pod
+from runtime.pools import parse_pool_spec
 
 
 def pools(nodes: int) -> dict:

@@ -25,8 +25,18 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from runtime.authz import (AsyncReviewer, Attributes, Authorizer, ReviewFailed, TokenCache, User, forbidden_message,
-                          token_review, user_from_certificate, user_from_token_review)
+from runtime.authz import (
+    AsyncReviewer,
+    Attributes,
+    Authorizer,
+    ReviewFailed,
+    TokenCache,
+    User,
+    forbidden_message,
+    token_review,
+    user_from_certificate,
+    user_from_token_review,
+)
 
 from .service import BadRequest
 
@@ -36,7 +46,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 SCHEDULER_ONLY = None  # access_for's answer for the verbs and every unknown path
 
 
-def access_for(path: str, query: dict[str, str]) -> Attributes | None | str:
+def access_for(path: str, query: dict[str, str]) -> Attributes | str | None:
     """What a request needs: "open" (probes), SCHEDULER_ONLY (None: kube-scheduler's certificate), or the
     SubjectAccessReview attributes a user other than kube-scheduler must be allowed."""
     if path in OPEN_PATHS:
@@ -60,7 +70,7 @@ class Callers:
     tokens: TokenCache | None = None
 
     @classmethod
-    def of(cls, client_names: list[str], reviewer: AsyncReviewer | None, ttl_s: float = 10.0) -> "Callers":
+    def of(cls, client_names: list[str], reviewer: AsyncReviewer | None, ttl_s: float = 10.0) -> Callers:
         if reviewer is None:
             return cls(frozenset(client_names))
         return cls(frozenset(client_names), reviewer,

@@ -60,12 +60,12 @@ class ExtenderConfig(BaseModel):
                                                                     "level logged")
 
     @model_validator(mode="after")
-    def _known_policy(self) -> "ExtenderConfig":
+    def _known_policy(self) -> ExtenderConfig:
         known_policy(self.policy)
         return self
 
     @model_validator(mode="after")
-    def _plain_http_on_loopback_only(self) -> "ExtenderConfig":
+    def _plain_http_on_loopback_only(self) -> ExtenderConfig:
         if self.tls is None and not is_loopback(self.host):
             raise ValueError(f"host: {self.host} is reachable from other machines, and without tls (a serving "
                              "certificate and the CA of kube-scheduler's client certificate) anyone who reaches it "

@@ -33,14 +33,14 @@ from runtime.authz import ApiReviewer, AsyncReviewer
 from runtime.config import describe_errors
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint
+from scoring.clusterview import ClusterView
+from scoring.kubeobjects import ObjectError
 
 from . import auth
 from .binder import ApiBinder, NoBinder, pod_path
 from .config import ExtenderConfig
 from .metrics import Metrics
 from .service import BadRequest, ExtenderService
-from scoring.clusterview import ClusterView
-from scoring.kubeobjects import ObjectError
 from .wire import ExtenderArgs, ExtenderBindingArgs, HostPriorityEncoder
 
 log = logging.getLogger("gpuaas.extender")
@@ -82,7 +82,7 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
         response = _error(400, f"invalid {verb} request: {err}")
     except json.JSONDecodeError as err:
         response = _error(400, f"request body is not JSON: {err}")
-    except asyncio.TimeoutError:
+    except TimeoutError:
         response = _error(408, "request body not received in time")
     except web.HTTPException as err:  # 404, 405, 413 from aiohttp itself
         response = _error(err.status, err.reason if err.status != 413 else

@@ -223,10 +223,13 @@ def _gpu_catalog() -> str:
 
 
 def config_docs() -> list[ConfigDoc]:
-    from autoscaler.config import ENV_PREFIX as AUTOSCALER_ENV, METRICS_API_ENV_PREFIX as METRICS_API_ENV
+    from autoscaler.config import ENV_PREFIX as AUTOSCALER_ENV
+    from autoscaler.config import METRICS_API_ENV_PREFIX as METRICS_API_ENV
     from autoscaler.config import AutoscalerConfig, MetricsApiConfig
-    from nodescaler.config import ENV_PREFIX as NODESCALER_ENV, NodeScalerConfig
-    from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
+    from extender.config import ENV_PREFIX as EXTENDER_ENV
+    from extender.config import ExtenderConfig
+    from nodescaler.config import ENV_PREFIX as NODESCALER_ENV
+    from nodescaler.config import NodeScalerConfig
     from runtime.pools import PoolSpec
 
     return [

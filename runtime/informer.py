@@ -136,7 +136,7 @@ class Informer:
         return Health(False, f"{name}: no working watch for {now - since:.0f}s (more than {max_stale_s:g}s){detail}")
 
     @staticmethod
-    def readiness(informers: Iterable["Informer"], max_stale_s: float) -> Readiness:
+    def readiness(informers: Iterable[Informer], max_stale_s: float) -> Readiness:
         """A process's readiness: at least one informer and every one healthy, each at its own clock's time."""
         informers = list(informers)
         if not informers:
@@ -155,7 +155,7 @@ class Informer:
                 await self._list(session)
                 backoff = 0.5
                 await asyncio.wait_for(self._watch(session), timeout=self.resync_seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass  # periodic resync: list again
             except asyncio.CancelledError:
                 raise

@@ -40,7 +40,7 @@ class ApiEndpoint:
     headers: dict[str, str]
 
     @classmethod
-    def from_configuration(cls, conf: client.Configuration) -> "ApiEndpoint":
+    def from_configuration(cls, conf: client.Configuration) -> ApiEndpoint:
         if conf.verify_ssl:
             ctx: ssl.SSLContext | bool = ssl.create_default_context(cafile=conf.ssl_ca_cert)
         else:
@@ -56,7 +56,7 @@ class ApiEndpoint:
         return cls(server=conf.host.rstrip("/"), ssl_context=ctx, headers=headers)
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: Path | str | None = None) -> "ApiEndpoint":
+    def from_kubeconfig(cls, kubeconfig: Path | str | None = None) -> ApiEndpoint:
         return cls.from_configuration(configuration(kubeconfig))
 
     def session(self, **kwargs) -> aiohttp.ClientSession:

@@ -96,7 +96,7 @@ def write_timeout(renew_deadline_s: float, retry_period_s: float) -> float:
 
 
 def _micro(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class LeaderElector:
     @classmethod
     def from_config(cls, api, config: LeaderElectionConfig, *, identity: str | None = None,
                     kubeconfig: str | Path | None = None,
-                    on_change: Callable[[bool], None] | None = None) -> "LeaderElector":
+                    on_change: Callable[[bool], None] | None = None) -> LeaderElector:
         return cls(api, namespace=config.namespace or pod_namespace(kubeconfig), name=config.name, identity=identity,
                    lease_duration_s=config.lease_duration_s, renew_deadline_s=config.renew_deadline_s,
                    retry_period_s=config.retry_period_s, on_change=on_change)

@@ -26,8 +26,7 @@ from kubernetes import client
 from nodescaler.snapshot import build_snapshot, node_info, parse_time
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
-from scoring.kubeobjects import (GPU_RESOURCE, PRODUCT_LABEL, SHARE_RESOURCE, holds_resources, pod_key,
-                                 pod_requests)
+from scoring.kubeobjects import GPU_RESOURCE, PRODUCT_LABEL, SHARE_RESOURCE, holds_resources, pod_key, pod_requests
 from scoring.model import MILLI
 
 from ..cluster.stages import COMPLETE_AFTER_ANNOTATION
@@ -337,4 +336,4 @@ class ClusterReader:
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

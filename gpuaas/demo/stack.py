@@ -28,15 +28,21 @@ from kubernetes.client.rest import ApiException
 
 from autoscaler.config import AutoscalerConfig, Target
 from autoscaler.controller import gather_signals
-from nodescaler.config import NodeGroupConfig
 from autoscaler.prom import Prometheus
 from extender.schedconfig import extender_entry, gpuaas_profile
+from nodescaler.config import NodeGroupConfig
 from runtime.pools import PoolSpec
 from scoring.fragmentation import Workload
 
 from ..admission import Gang, GangAdmission
-from ..cluster.components import (REPO, ComponentProcess, autoscaler_process, extender_process, nodescaler_process,
-                                  scheduler_extender_tls)
+from ..cluster.components import (
+    REPO,
+    ComponentProcess,
+    autoscaler_process,
+    extender_process,
+    nodescaler_process,
+    scheduler_extender_tls,
+)
 from ..cluster.local import LocalCluster
 from ..cluster.migmanager import FakeNodeAgent
 from ..cluster.process import free_port
@@ -44,8 +50,18 @@ from ..cluster.prometheus import PrometheusServer
 from ..loadgen.replayer import Replayer
 from ..loadgen.trace import Arrival
 from . import sampling
-from .timeline import (INFERENCE, INFERENCE_NS, NAMESPACES, SLO_QUEUE_WAIT_S, InferenceService, Submission,
-                       autoscaler_timing, scrape_interval_s, service_arrivals, service_model)
+from .timeline import (
+    INFERENCE,
+    INFERENCE_NS,
+    NAMESPACES,
+    SLO_QUEUE_WAIT_S,
+    InferenceService,
+    Submission,
+    autoscaler_timing,
+    scrape_interval_s,
+    service_arrivals,
+    service_model,
+)
 
 log = logging.getLogger("gpuaas.demo")
 DEPLOY = REPO / "deploy"

@@ -136,7 +136,7 @@ class Replayer:
                 log.warning("replayer: %s", exc)
             self.stop_event.wait(0.05)
 
-    def start(self, *, warm: bool = False) -> "Replayer":
+    def start(self, *, warm: bool = False) -> Replayer:
         """Start the trace's clock. `warm`: the pods running now serve at once (a service already up when the trace
         begins), instead of after a cold start."""
         self.t0 = self.clock()
@@ -155,7 +155,7 @@ class Replayer:
         for th in self._threads:
             th.join(timeout=5)
 
-    def __enter__(self) -> "Replayer":
+    def __enter__(self) -> Replayer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

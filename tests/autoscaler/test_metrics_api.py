@@ -9,15 +9,15 @@ import urllib.error
 import urllib.request
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
-from runtime.authz import Authorizer, ReviewFailed
-from tests.gpuaas.test_authz import FakeReviewer
 from autoscaler.config import MetricsApiConfig
 from autoscaler.metrics_api import ApiError, Backend, MetricsApiServer, init_app, quantity, server_ssl_context
 from autoscaler.prom import PrometheusUnavailable, Sample
 from gpuaas.cluster import pki as pkimod
+from runtime.authz import Authorizer, ReviewFailed
+from tests.gpuaas.test_authz import FakeReviewer
 
 
 class FakeProm:

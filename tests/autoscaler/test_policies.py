@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from autoscaler.policy import KedaPolicy, QueueDepthConfig, QueueDepthPolicy, HpaPolicy
+from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy
 from autoscaler.snapshot import Signals, Snapshot
 
 PODS = frozenset({"p0", "p1"})

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.prom import (BadQuery, NoData, Prometheus, PrometheusUnavailable, escape_label_value,
-                             regex_alternation)
+from autoscaler.prom import BadQuery, NoData, Prometheus, PrometheusUnavailable, escape_label_value, regex_alternation
 from gpuaas.cluster.process import free_port
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from autoscaler.policy import StaticPolicy, QueueDepthPolicy, QueueDepthConfig
+from autoscaler.policy import QueueDepthConfig, QueueDepthPolicy, StaticPolicy
 from gpuaas.cli import main
 from gpuaas.loadgen.replayer import render_metrics
 from gpuaas.loadgen.serving import ServiceModel, ServingSystem

@@ -7,14 +7,23 @@ import math
 
 import pytest
 
-from nodescaler.config import NodeGroupConfig
-from nodescaler.provider import render_node
 from gpuaas.cluster.local import resolve_pool_spec
-from runtime.pools import node_objects
-from gpuaas.demo.sampling import (Serving, component_events, compute_sample, final_state, go_duration, pod_gpus,
-                                  serving_interval, settled, slo_counts)
+from gpuaas.demo.sampling import (
+    Serving,
+    component_events,
+    compute_sample,
+    final_state,
+    go_duration,
+    pod_gpus,
+    serving_interval,
+    settled,
+    slo_counts,
+)
 from gpuaas.demo.timeline import build_timeline, timeline_workload
 from gpuaas.workloads import gpu_deployment, gpu_pod
+from nodescaler.config import NodeGroupConfig
+from nodescaler.provider import render_node
+from runtime.pools import node_objects
 
 POOLS = resolve_pool_spec("demo")
 WORKLOAD = timeline_workload(build_timeline(60))
@@ -22,7 +31,7 @@ NOW = 1_800_000_000.0
 
 
 def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ready(node: dict) -> dict:

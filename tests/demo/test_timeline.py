@@ -5,15 +5,23 @@ from __future__ import annotations
 import pytest
 
 from autoscaler.config import AutoscalerConfig
-from nodescaler.config import NodeScalerConfig
 from gpuaas.cluster.local import resolve_pool_spec
 from gpuaas.cluster.stages import COMPLETE_AFTER_ANNOTATION
 from gpuaas.demo.sampling import go_duration
 from gpuaas.demo.stack import autoscaler_config, nodescaler_config
-from gpuaas.demo.timeline import (FINITE_END, GANG_LABEL, INFERENCE, InferenceService, build_timeline,
-                                  service_arrivals, service_model, timeline_workload)
+from gpuaas.demo.timeline import (
+    FINITE_END,
+    GANG_LABEL,
+    INFERENCE,
+    InferenceService,
+    build_timeline,
+    service_arrivals,
+    service_model,
+    timeline_workload,
+)
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival
+from nodescaler.config import NodeScalerConfig
 from scoring.kubeobjects import pod_demand
 
 

@@ -9,8 +9,16 @@ import tomllib
 import pytest
 import yaml
 
-from gpuaas.helmchart import (CHART, COMPONENTS, Component, component_template, generate, generated_configmap_names,
-                              stale, strip_hash_suffixes)
+from gpuaas.helmchart import (
+    CHART,
+    COMPONENTS,
+    Component,
+    component_template,
+    generate,
+    generated_configmap_names,
+    stale,
+    strip_hash_suffixes,
+)
 
 from .chart import helm, template, template_text
 from .manifests import DEPLOY, NAMESPACE, REPO, kustomize_dirs, render

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from autoscaler.config import load_autoscaler_config, load_metrics_api_config
-from nodescaler.config import load_nodescaler_config
 from extender.config import ENV_PREFIX, ExtenderConfig
 from extender.schedconfig import shipped_file
 from gpuaas.cli import build_parser
+from nodescaler.config import load_nodescaler_config
 from runtime.config import load_config
 
 from .manifests import DEPLOY, NAMESPACE, REPO, kustomize_dirs, named, objects, render

@@ -24,11 +24,11 @@ import yaml
 
 from autoscaler.config import DEFAULT_QUERIES, MetricsApiConfig
 from extender.metrics import Metrics as ExtenderMetrics
-from nodescaler.metrics import Metrics as NodescalerMetrics
 from gpuaas.cluster.prometheus import PrometheusServer
 from gpuaas.loadgen.replayer import render_metrics
 from gpuaas.loadgen.serving import ServiceModel, ServingSystem
 from gpuaas.loadgen.trace import Arrival
+from nodescaler.metrics import Metrics as NodescalerMetrics
 
 from .manifests import DEPLOY, NAMESPACE, named, objects, render
 

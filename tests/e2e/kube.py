@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from kubernetes import client

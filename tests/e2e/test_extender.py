@@ -13,10 +13,10 @@ from kubernetes import client
 
 from extender.schedconfig import extender_entry, gpuaas_profile
 from gpuaas.cluster.components import extender_process, scheduler_extender_tls
-from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from runtime.pools import parse_pool_spec
+from gpuaas.cluster.process import free_port
 from gpuaas.workloads import gpu_pod
+from runtime.pools import parse_pool_spec
 from scoring.kubeobjects import DEVICES_ANNOTATION
 from tests.deploy.manifests import DEPLOY
 

@@ -22,18 +22,18 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
-from runtime.authz import Authorizer, KubeAccessReviewer
 from autoscaler.config import MetricsApiConfig, parse
 from autoscaler.metrics_api import Backend, KubePods, MetricsApiServer, init_app, server_ssl_context
 from autoscaler.prom import Prometheus
 from gpuaas.cluster.pki import issue_serving_cert
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.prometheus import PrometheusServer
-from runtime.kubeclient import api_client
 from gpuaas.loadgen.replayer import Replayer
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival
 from gpuaas.workloads import gpu_deployment
+from runtime.authz import Authorizer, KubeAccessReviewer
+from runtime.kubeclient import api_client
 
 from .kube import registered_custom_metrics_api, wait_for
 

@@ -19,12 +19,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from nodescaler.provider import REQUESTED_AT_ANNOTATION
-from nodescaler.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
 from gpuaas.cluster.components import ComponentProcess, nodescaler_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.workloads import gpu_deployment, gpu_pod
+from nodescaler.provider import REQUESTED_AT_ANNOTATION
+from nodescaler.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
 from runtime.pools import KWOK_NODE_ANNOTATION, parse_pool_spec
 from scoring.kubeobjects import POOL_LABEL
 from tests.deploy.manifests import DEPLOY
@@ -416,7 +416,7 @@ def test_nodes_in_service_that_go_unready_keep_their_pods_past_max_provision_s(e
         # x goes NotReady as when its kubelet stops: kwok stops playing it (it would set Ready back at once), and
         # the Ready condition turns False.
         core.patch_node(x, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "paused"}}})
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         core.patch_node_status(x, {"status": {"conditions": [{
             "type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "e2e: kubelet stopped",
             "lastHeartbeatTime": now, "lastTransitionTime": now}]}},

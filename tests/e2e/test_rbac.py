@@ -6,9 +6,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpuaas.workloads import gpu_pod
 from runtime.kubeclient import api_client
 from runtime.leader import LeaderElector
-from gpuaas.workloads import gpu_pod
 from tests.deploy.manifests import DEPLOY, NAMESPACE, render
 
 ACCOUNTS = {"extender": "gpuaas-extender", "autoscaler": "gpuaas-autoscaler",

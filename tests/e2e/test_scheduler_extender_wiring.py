@@ -11,10 +11,10 @@ import pytest
 from aiohttp import web
 from kubernetes import client
 
-from gpuaas.cluster.process import free_port
 from gpuaas.cluster.local import LocalCluster
-from runtime.pools import parse_pool_spec
+from gpuaas.cluster.process import free_port
 from gpuaas.workloads import gpu_pod
+from runtime.pools import parse_pool_spec
 
 from .kube import pod, pod_phase, wait_for
 
@@ -49,7 +49,7 @@ class OneNodeExtender:
         self._ready.set()
         self._loop.run_forever()
 
-    def __enter__(self) -> "OneNodeExtender":
+    def __enter__(self) -> OneNodeExtender:
         self._thread.start()
         self._ready.wait(10)
         return self

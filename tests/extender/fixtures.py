@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.pools import parse_pool_spec, spec_node_objects
 from gpuaas.workloads import gpu_pod
+from runtime.pools import parse_pool_spec, spec_node_objects
 
 POOLS = {"pools": [
     {"name": "a100", "count": 3, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},

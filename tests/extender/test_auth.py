@@ -113,7 +113,7 @@ OPEN = ("healthz", "readyz")
 
 def test_without_a_credential_only_the_probes_answer(pki):
     got = statuses(pki[0])
-    assert {k: s for k, (s, _) in got.items()} == {**{k: 401 for k in REQUESTS}, "healthz": 200, "readyz": 200}
+    assert {k: s for k, (s, _) in got.items()} == {**dict.fromkeys(REQUESTS, 401), "healthz": 200, "readyz": 200}
     assert "kube-scheduler's client certificate" in got["bind"][1]
 
 

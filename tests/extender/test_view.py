@@ -6,8 +6,8 @@ import asyncio
 from extender.binder import BindError
 from extender.metrics import Metrics
 from extender.service import ExtenderService
-from scoring.clusterview import ClusterView
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
+from scoring.clusterview import ClusterView
 from scoring.model import MILLI
 from tests.fakes import Clock
 

@@ -6,8 +6,18 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from runtime.authz import (Attributes, Authorizer, Decision, ReviewFailed, User, access_review,
-                              decision_from_review, forbidden_message, request_attributes, user_from_headers)
+from runtime.authz import (
+    Attributes,
+    Authorizer,
+    Decision,
+    ReviewFailed,
+    User,
+    access_review,
+    decision_from_review,
+    forbidden_message,
+    request_attributes,
+    user_from_headers,
+)
 from tests.fakes import Clock
 
 CM = "custom.metrics.k8s.io"

@@ -12,12 +12,13 @@ import yaml
 from pydantic import BaseModel, Field
 
 from autoscaler.config import load_autoscaler_config, load_metrics_api_config
-from nodescaler.config import load_nodescaler_config
-from extender.config import ENV_PREFIX as EXTENDER_ENV, ExtenderConfig
+from extender.config import ENV_PREFIX as EXTENDER_ENV
+from extender.config import ExtenderConfig
 from gpuaas import configref
 from gpuaas.cli import main
-from runtime.pools import load_pool_spec
+from nodescaler.config import load_nodescaler_config
 from runtime.config import load_config
+from runtime.pools import load_pool_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

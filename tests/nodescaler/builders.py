@@ -5,11 +5,11 @@ import datetime as dt
 import json
 from typing import Any
 
+from gpuaas.workloads import gpu_pod
 from nodescaler.config import NodeScalerConfig
 from nodescaler.provider import render_node
 from nodescaler.snapshot import DRAIN_ANNOTATION, DrainRecord
 from runtime.pools import parse_pool_spec, spec_node_objects
-from gpuaas.workloads import gpu_pod
 
 T0 = 1_800_000_000.0  # "now" of the tests, epoch seconds
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
@@ -18,7 +18,7 @@ A100X4 = {"gpu": {"model": "A100-80GB", "count": 4}, "cpu": "64", "memory": "512
 
 
 def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def config(groups: list[dict] | None = None, **over: Any) -> NodeScalerConfig:

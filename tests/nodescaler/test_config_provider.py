@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from gpuaas.cluster.migmanager import mig_resources
 from nodescaler.config import load_nodescaler_config
 from nodescaler.provider import FakeProvider, NodeNotFound, ProviderError, render_node
-from gpuaas.cluster.migmanager import mig_resources
 from runtime.config import ConfigError
 from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, node_objects
 

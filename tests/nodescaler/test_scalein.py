@@ -20,7 +20,7 @@ def cfg(min_size=1, **scale_in):
 def round_for(node_objs, pod_objs, pdbs=(), unneeded_since=T0 - 120, min_size=1, **scale_in):
     c = cfg(min_size, **scale_in)
     snap = build_snapshot(node_objs, pod_objs, pdbs, T0)
-    unneeded = {n: unneeded_since for n in update_unneeded({}, snap, c)}
+    unneeded = dict.fromkeys(update_unneeded({}, snap, c), unneeded_since)
     return plan_scale_in(snap, c, unneeded), snap
 
 

@@ -11,12 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.pools import node_objects, parse_pool_spec
 from gpuaas.workloads import gpu_pod, pod_for_demand
+from runtime.pools import node_objects, parse_pool_spec
+from scoring.kubeobjects import (
+    ObjectError,
+    assigned_devices,
+    node_spec,
+    parse_quantity,
+    pod_demand,
+    pod_requests,
+    requests_gpu,
+)
 from scoring.model import PodDemand
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
-from scoring.kubeobjects import (ObjectError, assigned_devices, node_spec, parse_quantity, pod_demand,
-                                 pod_requests, requests_gpu)
 
 
 @pytest.mark.parametrize("text,value", [("500m", "0.5"), ("2", "2"), ("1Gi", str(2**30)), ("1.5k", "1500"),

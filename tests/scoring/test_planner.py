@@ -4,7 +4,12 @@ import pytest
 from scoring.gpus import GPU_MODELS
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.planner import (
-    NodeGroup, _layout_options, apply_mig_plan, cheapest_nodes, place_gang, repartition_mig,
+    NodeGroup,
+    _layout_options,
+    apply_mig_plan,
+    cheapest_nodes,
+    place_gang,
+    repartition_mig,
 )
 
 
