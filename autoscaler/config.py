@@ -165,7 +165,8 @@ class AutoscalerConfig(Strict):
     prometheus: PrometheusConfig = Field(PrometheusConfig(), description="where the metrics come from")
     interval_s: float = Field(15.0, gt=0, description="seconds between syncs of every target")
     dry_run: bool = Field(False, description="decide and record events, never change a replica count")
-    leader_election: AutoscalerLeaderElection = Field(AutoscalerLeaderElection(), description="the Lease that keeps one replica acting")
+    leader_election: AutoscalerLeaderElection = Field(AutoscalerLeaderElection(),
+                                                      description="the Lease that keeps one replica acting")
     targets: list[Target] = Field(min_length=1, description="the Deployments to scale, each namespace/name once")
 
     @model_validator(mode="after")
@@ -215,7 +216,8 @@ class MetricRule(Strict):
             raise ValueError(f"not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
         bad = sorted(fields - {"namespace", "deployment"})
         if bad:
-            raise ValueError(f"unknown placeholder {', '.join('{' + b + '}' for b in bad)}; known: deployment, namespace")
+            unknown = ", ".join("{" + b + "}" for b in bad)
+            raise ValueError(f"unknown placeholder {unknown}; known: deployment, namespace")
         return v
 
 
@@ -237,7 +239,8 @@ class MetricsApiConfig(Strict):
                                       description="the metrics served")
     allowed_client_names: list[str] = Field(["front-proxy-client"], description="client-certificate CNs (signed by "
                                             "the front-proxy CA) that may call the API")
-    authorization: AuthorizationConfig = Field(AuthorizationConfig(), description="who may read which metric: a SubjectAccessReview of the user the aggregator vouches for")
+    authorization: AuthorizationConfig = Field(AuthorizationConfig(), description="who may read which metric: a "
+                                               "SubjectAccessReview of the user the aggregator vouches for")
 
 
 ENV_PREFIX = "GPUAAS_AUTOSCALER_"

@@ -12,6 +12,7 @@ conditions: type, status, reason, message, lastTransitionTime), as the HPA's v1 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -154,7 +155,8 @@ def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def merge_conditions(old: list[dict[str, str]], new: list[tuple[str, str, str, str]], now: float) -> list[dict[str, str]]:
+def merge_conditions(old: list[dict[str, str]], new: list[tuple[str, str, str, str]],
+                     now: float) -> list[dict[str, str]]:
     """New (type, status, reason, message) conditions, keeping lastTransitionTime when the status did not change."""
     prior = {c.get("type"): c for c in old}
     out = []
@@ -274,12 +276,12 @@ class Controller:
                    "scaling on the arrival rate, service time and queue depth read from Prometheus"))
         limited = (("ScalingLimited", "True", decision.limited, f"the desired count is outside [{t.min_replicas}, "
                     f"{t.max_replicas}]") if decision.limited else
-                   ("ScalingLimited", "False", "DesiredWithinRange", "the desired count is within the acceptable range"))
+                   ("ScalingLimited", "False", "DesiredWithinRange",
+                    "the desired count is within the acceptable range"))
         if not mem.conditions and observed.annotations.get(CONDITIONS_ANNOTATION):
-            try:  # after a restart, keep the transition times already recorded on the Deployment
+            # after a restart, keep the transition times already recorded on the Deployment
+            with contextlib.suppress(ValueError, TypeError):
                 mem.conditions = list(json.loads(observed.annotations[CONDITIONS_ANNOTATION]))
-            except (ValueError, TypeError):
-                pass
         conditions = merge_conditions(mem.conditions, [able, active, limited], now)
         if conditions != mem.conditions:
             self._check()

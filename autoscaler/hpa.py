@@ -58,8 +58,8 @@ def pods_metric_replicas(current: int, values: dict[str, float], target: float, 
     """Replicas for a Pods metric with an AverageValue target (`calcPlainMetricReplicas`).
 
     `pods` are the target's pods (not deleted, not failed); `pending` of them are Pending (unready); pods with no value
-    in `values` are missing. Missing pods count as the target on scale-down and 0 on scale-up; unready pods count as 0 on
-    scale-up. None when no ready pod reported (the HPA then keeps the current count and says so)."""
+    in `values` are missing. Missing pods count as the target on scale-down and 0 on scale-up; unready pods count as 0
+    on scale-up. None when no ready pod reported (the HPA then keeps the current count and says so)."""
     metrics = {p: v for p, v in values.items() if p in pods and p not in pending}
     missing = [p for p in pods if p not in values and p not in pending]
     if not metrics:
@@ -152,7 +152,8 @@ def normalize(current: int, recommended: int, *, min_replicas: int, max_replicas
     if stabilized > down_rec:
         stabilized = down_rec
     if down_rec > recommended and stabilized > recommended:
-        reason, message = "ScaleDownStabilized", "recent recommendations were higher than current one, applying the highest recent recommendation"
+        reason = "ScaleDownStabilized"
+        message = "recent recommendations were higher than current one, applying the highest recent recommendation"
     keep = max(behavior.scale_up.stabilization_s, behavior.scale_down.stabilization_s)
     recs = tuple((t, r) for t, r in state.recommendations if t > now - keep) + ((now, recommended),)
 
@@ -162,14 +163,16 @@ def normalize(current: int, recommended: int, *, min_replicas: int, max_replicas
         allowed = min(max_replicas, limit)
         if desired > allowed:
             reason = "TooManyReplicas" if allowed == max_replicas else "ScaleUpLimit"
-            message = f"the desired replica count is more than the {'maximum' if allowed == max_replicas else 'rate limit'}"
+            bound = "maximum" if allowed == max_replicas else "rate limit"
+            message = f"the desired replica count is more than the {bound}"
             desired = allowed
     elif desired < current:
         limit = min(scale_down_limit(current, state, behavior.scale_down, now), current)
         allowed = max(min_replicas, limit)
         if desired < allowed:
             reason = "TooFewReplicas" if allowed == min_replicas else "ScaleDownLimit"
-            message = f"the desired replica count is less than the {'minimum' if allowed == min_replicas else 'rate limit'}"
+            bound = "minimum" if allowed == min_replicas else "rate limit"
+            message = f"the desired replica count is less than the {bound}"
             desired = allowed
     desired = max(min_replicas, min(desired, max_replicas))  # a count outside [min, max] is brought inside first
 

@@ -210,7 +210,8 @@ class Backend:
             total += sum(extra)
             present += extra
         if not present:
-            raise ApiError(404, "NotFound", f"the server could not find the metric {metric} for deployments.apps {name}")
+            raise ApiError(404, "NotFound",
+                           f"the server could not find the metric {metric} for deployments.apps {name}")
         return total
 
 
@@ -353,7 +354,8 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def init_app(backend: Backend, allowed_client_names: list[str], authorizer: Authorizer | None = None) -> web.Application:
+def init_app(backend: Backend, allowed_client_names: list[str],
+             authorizer: Authorizer | None = None) -> web.Application:
     """The app; without `authorizer` any user the aggregator lets through may read every metric (the CLI always
     passes one unless `authorization.enabled: false`)."""
     app = web.Application(middlewares=[_serve])

@@ -133,13 +133,14 @@ class QueueDepthPolicy:
                             f"{why}; holding {current} replicas (no scale-down on missing data)"
                             + (f", scaling up to {desired} on the queue that is visible" if desired > current else ""),
                             scale_down_blocked=True), state
-        need, steady, why, state = self.demand(snap, state)
+        need, _steady, why, state = self.demand(snap, state)
         window = c.scale_down_window_s if c.scale_down_window_s is not None else 15 * c.cold_start_s
         recs = tuple((t, r) for t, r in state.recommendations if t > snap.now - window) + ((snap.now, need),)
         state = replace(state, recommendations=recs)
-        if c.hold_shape == "linear":  # an old recommendation counts less, down to `hold_floor` of it at the window's end
-            held = max(math.ceil(r * (1 - (1 - c.hold_floor) * (snap.now - t) / window) - 1e-9) if window > 0 else r
-                       for t, r in recs)
+        # "linear": an old recommendation counts less, down to `hold_floor` of it at the window's end
+        if c.hold_shape == "linear":
+            held = max(math.ceil(r * (1 - (1 - c.hold_floor) * (snap.now - t) / window) - 1e-9)
+                       if window > 0 else r for t, r in recs)
         else:
             held = max(r for _, r in recs)
         stabilized = need if need >= current else min(current, held)
@@ -162,7 +163,7 @@ class QueueDepthPolicy:
         return Decision(desired, reason, why, limited=limited), state
 
 
-# ---- HPA --------------------------------------------------------------------------------------------------------------
+# ---- HPA -------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HpaPolicy:
     target: float  # average queue depth per pod
@@ -179,7 +180,8 @@ class HpaPolicy:
     def recommend(self, snap: Snapshot, state: hpa.HpaState) -> tuple[Decision, hpa.HpaState]:
         current = snap.replicas
         if current == 0:
-            return Decision(0, "ScalingDisabled", "scaling is disabled since the replica count of the target is zero"), state
+            why = "scaling is disabled since the replica count of the target is zero"
+            return Decision(0, "ScalingDisabled", why), state
         raw = None
         if not snap.error and snap.signals is not None:
             raw = hpa.pods_metric_replicas(current, snap.signals.queue_per_pod, self.target, pods=snap.pods,
@@ -194,7 +196,7 @@ class HpaPolicy:
         return Decision(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), n.state
 
 
-# ---- KEDA -------------------------------------------------------------------------------------------------------------
+# ---- KEDA ------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KedaState:
     hpa: hpa.HpaState = hpa.HpaState()
@@ -240,14 +242,15 @@ class KedaPolicy:
             return Decision(0, "ScalingDisabled", "scaled to zero; the operator activates on its next poll"), state
         if total is None:
             desired = _clamp(current, max(self.min_replica_count, 1), self.max_replica_count)
-            return Decision(desired, "FailedGetExternalMetric", snap.error or "no value", scale_down_blocked=True), state
+            why = snap.error or "no value"
+            return Decision(desired, "FailedGetExternalMetric", why, scale_down_blocked=True), state
         raw = hpa.external_average_replicas(total, self.target, len(snap.pods))
         n = hpa.normalize(current, raw, min_replicas=max(self.min_replica_count, 1),
                           max_replicas=self.max_replica_count, now=snap.now, state=state.hpa, behavior=self.behavior)
         return Decision(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), replace(state, hpa=n.state)
 
 
-# ---- static -----------------------------------------------------------------------------------------------------------
+# ---- static ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StaticPolicy:
     replicas: int

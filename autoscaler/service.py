@@ -55,7 +55,7 @@ class AutoscalerService:
         service = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):  # http.server's name for the GET handler
                 path = self.path.split("?")[0]
                 if path == "/leader":
                     code, body, ctype = 200, json.dumps(service.status()), "application/json"
