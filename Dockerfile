@@ -17,6 +17,8 @@ COPY extender/ extender/
 COPY autoscaler/ autoscaler/
 COPY nodescaler/ nodescaler/
 COPY gpuaas/ gpuaas/
+# The package and its runtime dependencies only: no extras (`test`: pytest, ruff, mypy; `plot`: matplotlib), which
+# tests/deploy/test_image.py checks.
 RUN pip install . && rm -rf /src
 
 # Non-root, numeric so that the kubelet can verify runAsNonRoot; the manifests run as the same uid.

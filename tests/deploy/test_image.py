@@ -1,10 +1,12 @@
-"""The Dockerfile, short of a Docker engine: the wheel `pip install .` builds from what the Dockerfile copies holds every
-package and data file, works outside the repository, and the image's ENTRYPOINT and user are the ones the manifests
-and pyproject name."""
+"""The Dockerfile, short of a Docker engine: the wheel `pip install .` builds from what the Dockerfile copies holds
+every package and data file, works outside the repository, requires no test or plot tool (those are extras, which the
+image does not install), and the image's ENTRYPOINT and user are the ones the manifests and pyproject name."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,8 @@ from .manifests import DEPLOY, REPO, render
 
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+# The test and plot extras: never a requirement of the package, never in the image.
+EXTRAS_ONLY = {"pytest", "pytest-timeout", "hypothesis", "matplotlib", "import-linter", "ruff", "mypy"}
 PACKAGES = ("scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas", "gpuaas.cluster",
             "gpuaas.pools")
 
@@ -42,9 +46,9 @@ def copied_sources() -> list[str]:
 
 
 def tracked_package_files() -> list[str]:
-    """The files of the five packages in git: what the image must carry (sources and data)."""
-    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split()
+    """The files of the six packages in git: what the image must carry (sources and data)."""
+    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     return sorted(listed)
 
 
@@ -135,3 +139,45 @@ def test_the_image_is_python_3_11_slim_and_runs_as_the_non_root_uid_the_manifest
     assert {p["securityContext"]["runAsUser"] for p in pods} == {uid}
     assert all(p["securityContext"]["runAsNonRoot"] for p in pods)
     assert any(word == "RUN" and "pip install ." in args for word, args in instructions())
+
+
+def requires_dist(wheel: Path) -> list[tuple[str, str]]:
+    """(distribution name, marker) of each Requires-Dist of the wheel's METADATA; marker "" when unconditional."""
+    archive = zipfile.ZipFile(wheel)
+    [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    out = []
+    for line in archive.read(metadata).decode().splitlines():
+        if line.startswith("Requires-Dist:"):
+            requirement, _, marker = line.removeprefix("Requires-Dist:").partition(";")
+            name = re.match(r"\s*([A-Za-z0-9._-]+)", requirement).group(1).lower().replace("_", "-")
+            out.append((name, marker.strip()))
+    return out
+
+
+def test_the_wheel_requires_no_test_or_plot_tool_except_as_extras(wheel):
+    requires = requires_dist(wheel)
+    runtime = {name for name, marker in requires if not marker}
+    assert runtime, "the wheel lists no runtime dependency: METADATA not read"
+    assert not runtime & EXTRAS_ONLY, f"`pip install .` (and the image) would install {sorted(runtime & EXTRAS_ONLY)}"
+    extras = {name: marker for name, marker in requires if marker}
+    assert extras["matplotlib"] == 'extra == "plot"'
+    assert extras["pytest"] == extras["hypothesis"] == 'extra == "test"'
+
+
+def pip_installs() -> list[list[str]]:
+    """The arguments of every `pip install` in the Dockerfile's RUN instructions (options dropped)."""
+    out = []
+    for word, args in instructions():
+        if word != "RUN":
+            continue
+        for command in re.split(r"&&|\|\||;", args):
+            tokens = shlex.split(command)
+            for i in range(len(tokens) - 1):
+                if tokens[i].endswith("pip") and tokens[i + 1] == "install":
+                    out.append([t for t in tokens[i + 2:] if not t.startswith("-")])
+    return out
+
+
+def test_the_image_installs_the_package_alone_without_extras():
+    # Runtime dependencies only: no `.[test]`, `.[plot]` or a tool named beside the package.
+    assert pip_installs() == [["."]]
