@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy  # noqa: E402
-from gpuaas.loadgen.serving import ServiceModel  # noqa: E402
-from gpuaas.loadgen.trace import Arrival, load_trace, scale_rate  # noqa: E402
-from gpuaas.simulate.autoscaling import peak_replicas, simulate  # noqa: E402
-from gpuaas.simulate.autoscaling_cli import format_table  # noqa: E402
+from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy
+from gpuaas.loadgen.serving import ServiceModel
+from gpuaas.loadgen.trace import Arrival, load_trace, scale_rate
+from gpuaas.simulate.autoscaling import peak_replicas, simulate
+from gpuaas.simulate.autoscaling_cli import format_table
 
 DEFAULT_TRACE = "/work/shared/data/traces/AzureLLMInferenceTrace_code.csv"
 
@@ -89,7 +89,8 @@ def main() -> int:
         hindsight = {**hind.summary(), "policy": "static-hindsight"}
         rows.append(hindsight)
         ours = rows[0]
-        comparison = {"ours_slo_attainment": ours["slo_attainment"], "ours_gpu_replica_hours": ours["gpu_replica_hours"],
+        comparison = {"ours_slo_attainment": ours["slo_attainment"],
+                      "ours_gpu_replica_hours": ours["gpu_replica_hours"],
                       "ours_reaches_bar": ours["slo_attainment"] >= args.bar}
         for name in ("hpa", "keda"):
             ok = [r for r in rows if r["policy"] == name and r["slo_attainment"] >= args.bar]

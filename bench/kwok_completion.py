@@ -25,9 +25,9 @@ from kubernetes import client, watch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuaas.cluster.local import LocalCluster  # noqa: E402
-from gpuaas.workloads import gpu_pod  # noqa: E402
-from runtime.pools import parse_pool_spec  # noqa: E402
+from gpuaas.cluster.local import LocalCluster
+from gpuaas.workloads import gpu_pod
+from runtime.pools import parse_pool_spec
 
 POOLS = {"pools": [{"name": "a100", "count": 4, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128",
                     "memory": "1Ti"}]}

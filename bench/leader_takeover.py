@@ -6,8 +6,8 @@ printed as JSON. Both times come from the replicas' /leader endpoint (wall clock
     python bench/leader_takeover.py [--component nodescaler|autoscaler] [--kills 12] [--lease-rbac watch|poll]
 
 Timings: lease 4 s, renew deadline 3 s, retry period 0.5 s (the end-to-end tests' setting). The replicas run with a
-ServiceAccount: the nodescaler with deploy/bases/nodescaler (its RBAC), the autoscaler with the rules its end-to-end test
-grants. `--lease-rbac watch` adds list and watch on the Lease (the standby sees each renewal as it happens);
+ServiceAccount: the nodescaler with deploy/bases/nodescaler (its RBAC), the autoscaler with the rules its end-to-end
+test grants. `--lease-rbac watch` adds list and watch on the Lease (the standby sees each renewal as it happens);
 `poll` leaves them out (the standby reads the Lease every retry period).
 """
 from __future__ import annotations
@@ -27,13 +27,13 @@ from kubernetes import client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuaas.cluster.components import ComponentProcess  # noqa: E402
-from gpuaas.cluster.local import LocalCluster  # noqa: E402
-from gpuaas.cluster.prometheus import PrometheusServer  # noqa: E402
-from gpuaas.workloads import gpu_deployment  # noqa: E402
-from runtime.pools import parse_pool_spec  # noqa: E402
-from tests.e2e.kube import lease_rules, rbac_manifest  # noqa: E402
-from tests.e2e.test_autoscaler_leader import AUTOSCALER_RULES  # noqa: E402
+from gpuaas.cluster.components import ComponentProcess
+from gpuaas.cluster.local import LocalCluster
+from gpuaas.cluster.prometheus import PrometheusServer
+from gpuaas.workloads import gpu_deployment
+from runtime.pools import parse_pool_spec
+from tests.e2e.kube import lease_rules, rbac_manifest
+from tests.e2e.test_autoscaler_leader import AUTOSCALER_RULES
 
 REPO = Path(__file__).resolve().parents[1]
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}

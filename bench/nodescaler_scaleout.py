@@ -32,13 +32,13 @@ from kubernetes import client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuaas.cluster.components import ComponentProcess  # noqa: E402
-from gpuaas.cluster.local import LocalCluster  # noqa: E402
-from gpuaas.cluster.migmanager import FakeNodeAgent  # noqa: E402
-from gpuaas.workloads import gpu_deployment  # noqa: E402
-from nodescaler.provider import REQUESTED_AT_ANNOTATION  # noqa: E402
-from runtime.pools import parse_pool_spec  # noqa: E402
-from tests.nodescaler.checks import failed_scheduling_times, fifo_latencies  # noqa: E402
+from gpuaas.cluster.components import ComponentProcess
+from gpuaas.cluster.local import LocalCluster
+from gpuaas.cluster.migmanager import FakeNodeAgent
+from gpuaas.workloads import gpu_deployment
+from nodescaler.provider import REQUESTED_AT_ANNOTATION
+from runtime.pools import parse_pool_spec
+from tests.nodescaler.checks import failed_scheduling_times, fifo_latencies
 
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
 
@@ -99,7 +99,7 @@ def main() -> int:
                 raise TimeoutError("big pods not Running")
             time.sleep(0.2)
         out["all_running_s"] = round(time.monotonic() - t0, 2)
-        new = [n for n in core.list_node(label_selector="gpuaas.io/provisioned-by").items]
+        new = list(core.list_node(label_selector="gpuaas.io/provisioned-by").items)
         grows = sorted({float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in new})
         groups: dict[str, int] = {}
         for n in new:

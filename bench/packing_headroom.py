@@ -91,7 +91,7 @@ def loss_accounting(r: SimulationResult) -> dict:
                 content.setdefault((node, gpus[0]), []).append(pod.gpu_milli)
     patterns = Counter(tuple(sorted(v, reverse=True)) for v in content.values())
     by_waste = sorted(patterns.items(), key=lambda kv: -kv[1] * (MILLI - sum(kv[0])))
-    failed = [p for p, n in zip(r.arrivals, r.node_of) if n < 0]
+    failed = [p for p, n in zip(r.arrivals, r.node_of, strict=True) if n < 0]
 
     def first_failure(which: np.ndarray) -> dict | None:
         if not which.any():
@@ -100,7 +100,7 @@ def loss_accounting(r: SimulationResult) -> dict:
         return {"pod": i, "kind": kind(r.arrivals[i]), "arrived_pct": round(float(r.arrived_milli[i]) / cap * 100, 2)}
 
     is_share = np.array([p.is_share for p in r.arrivals])
-    shares_placed = Counter(p.gpu_milli for p, n in zip(r.arrivals, r.node_of) if n >= 0 and p.is_share)
+    shares_placed = Counter(p.gpu_milli for p, n in zip(r.arrivals, r.node_of, strict=True) if n >= 0 and p.is_share)
     arrangement = cutting_stock(shares_placed)
     g = lambda x: round(float(x) / MILLI, 2)  # noqa: E731 (thousandths -> GPUs)
     return {
@@ -149,7 +149,7 @@ def main() -> int:
             summary.setdefault(policy, []).append(row)
             print(json.dumps(row), flush=True)
     for policy, rows in summary.items():
-        mean = lambda f: round(float(np.mean([f(x) for x in rows])), 3)  # noqa: E731
+        mean = lambda f, rows=rows: round(float(np.mean([f(x) for x in rows])), 3)  # noqa: E731
         print(json.dumps({"summary": True, "trace": args.trace, "policy": policy, "seeds": len(rows),
                           "allocation_130": mean(lambda x: x["allocation_130"]),
                           "idle_gpus": mean(lambda x: x["idle_gpus"]),

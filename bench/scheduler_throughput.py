@@ -107,7 +107,8 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
             requests = apiserver_requests(cluster)
             requests.subtract(requests_before)
             busiest = {k: int(v) for k, v in requests.most_common(8) if v > 0}
-            return {"cpu_seconds_while_scheduling": cpu, "apiserver_requests_while_scheduling": busiest,"extender": with_extender, "nodes": nodes, "pods": pods, "gpus_requested": sum(sizes),
+            return {"cpu_seconds_while_scheduling": cpu, "apiserver_requests_while_scheduling": busiest,
+                    "extender": with_extender, "nodes": nodes, "pods": pods, "gpus_requested": sum(sizes),
                     "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1)}
         finally:
             if ext:

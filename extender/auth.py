@@ -79,7 +79,8 @@ class Callers:
 
     async def user_of_token(self, token: str) -> User | None:
         if self.reviewer is None or self.tokens is None:
-            raise BadRequest("bearer tokens cannot be reviewed: this extender serves a snapshot, without a cluster", 401)
+            raise BadRequest("bearer tokens cannot be reviewed: this extender serves a snapshot, without a cluster",
+                             401)
         known, user = self.tokens.get(token)
         if not known:
             user = user_from_token_review(await self.reviewer.token_review_async(token_review(token)))

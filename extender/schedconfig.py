@@ -78,7 +78,8 @@ def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_
 SECOND_SCHEDULER_NAME = "gpuaas-scheduler"
 IN_CLUSTER_URL = "https://gpuaas-extender.gpuaas-system.svc:443"
 # kube-scheduler's side of the mTLS: the secret gpuaas-scheduler-extender-client (tls.crt, tls.key: a client
-# certificate with CN system:kube-scheduler; ca.crt: the CA that signed the extender's serving certificate and this one).
+# certificate with CN system:kube-scheduler; ca.crt: the CA that signed the extender's serving certificate and this
+# one).
 IN_CLUSTER_CLIENT_DIR = "/etc/gpuaas/extender-client"
 IN_CLUSTER_CA = f"{IN_CLUSTER_CLIENT_DIR}/ca.crt"
 IN_CLUSTER_CLIENT_CERT = f"{IN_CLUSTER_CLIENT_DIR}/tls.crt"
@@ -122,7 +123,8 @@ def shipped_file(*, second_scheduler: bool = False) -> str:
                   "# manifest), with the files of secret gpuaas-scheduler-extender-client at tlsConfig's paths: the\n"
                   "# extender's CA (ca.crt) and kube-scheduler's client certificate (tls.crt, tls.key; CN\n"
                   "# system:kube-scheduler), without which the extender answers 401.\n"
-                  "# Set urlPrefix to the Service's ClusterIP where the control plane's host DNS cannot resolve cluster\n"
+                  "# Set urlPrefix to the Service's ClusterIP where the control plane's host DNS cannot resolve"
+                  " cluster\n"
                   "# names.\n")
     return header + yaml.safe_dump(kube_scheduler_configuration(second_scheduler=second_scheduler), sort_keys=False)
 

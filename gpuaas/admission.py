@@ -73,7 +73,7 @@ def decide(state: ClusterState, gang: Gang, *, workload: Workload, policy: str =
 def hold(state: ClusterState, demands: Sequence[PodDemand], placements: Sequence[tuple[str, tuple[int, ...]]]) -> int:
     """Place `demands` on `state` where `placements` say (in place); return how many still fitted there."""
     held = 0
-    for demand, (node, gpus) in zip(demands, placements):
+    for demand, (node, gpus) in zip(demands, placements, strict=True):
         i = state.index.get(node)
         if i is None:
             continue
@@ -145,7 +145,7 @@ class GangAdmission:
             demands = gang.demands()
             hold(state, demands, decision.placements)
             until = self.clock() + self.hold_s
-            for pod, demand, (node, gpus) in zip(gang.pods, demands, decision.placements):
+            for pod, demand, (node, gpus) in zip(gang.pods, demands, decision.placements, strict=True):
                 self._held[pod_key(pod)] = _Held(node, gpus, demand, until)
             self.waiting.remove(gang)
             self.why_waiting.pop(gang.key, None)

@@ -1,7 +1,7 @@
 """gpuaas: one command for the platform's verbs.
 
-Each verb lives in its own module, which exposes `register(subparsers)`: it adds its parser and sets `func` to a callable
-that takes the parsed arguments and returns an exit code."""
+Each verb lives in its own module, which exposes `register(subparsers)`: it adds its parser and sets `func` to a
+callable that takes the parsed arguments and returns an exit code."""
 from __future__ import annotations
 
 import argparse

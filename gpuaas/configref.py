@@ -242,8 +242,8 @@ def config_docs() -> list[ConfigDoc]:
                   "extender", env_prefix=EXTENDER_ENV, verb="extender", notes=_policies),
         ConfigDoc("Replica autoscaler", AutoscalerConfig,
                   "`gpuaas autoscaler --config FILE` (`autoscaler/config.py`). Read from the file, then from "
-                  f"`{AUTOSCALER_ENV}*` environment variables; `--dry-run` sets `dry_run`. At start every query is run once: a query "
-                  "Prometheus rejects, or a Prometheus that cannot be reached, stops the start.",
+                  f"`{AUTOSCALER_ENV}*` environment variables; `--dry-run` sets `dry_run`. At start every query is "
+                  "run once: a query Prometheus rejects, or a Prometheus that cannot be reached, stops the start.",
                   "prometheus: {url: http://prometheus.monitoring.svc:9090, timeout_s: 5}\ninterval_s: 15\n"
                   "targets:\n  - deployment: llm\n    namespace: inference\n    min_replicas: 1\n"
                   "    max_replicas: 40\n    concurrency: 8\n    cold_start_s: 60\n",

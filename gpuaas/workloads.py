@@ -45,7 +45,8 @@ def gpu_pod(name: str, namespace: str = "default", *, complete_after: str | None
     return {"apiVersion": "v1", "kind": "Pod", **template}
 
 
-def gpu_deployment(name: str, namespace: str = "default", *, replicas: int = 1, **container_args: Any) -> dict[str, Any]:
+def gpu_deployment(name: str, namespace: str = "default", *, replicas: int = 1,
+                   **container_args: Any) -> dict[str, Any]:
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",

@@ -105,7 +105,7 @@ def serving_interval(arrival_t: list[float], start_t: list[float], since: float,
     """The readings of one interval (since, until] of the replayer's wall clock. `arrival_t`, `start_t`: per request,
     wall seconds (NaN: not started); `arrived_*`: requests that had arrived at the interval's ends."""
     span = until - since
-    waits = sorted(speed * (s - a) for a, s in zip(arrival_t, start_t) if since < s <= until)
+    waits = sorted(speed * (s - a) for a, s in zip(arrival_t, start_t, strict=True) if since < s <= until)
     p99 = waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)] if waits else None
     met = sum(1 for w in waits if w <= slo_s)
     return Serving(arrival_rate=(arrived_now - arrived_before) / (span * speed) if span > 0 else None,
@@ -115,7 +115,7 @@ def serving_interval(arrival_t: list[float], start_t: list[float], since: float,
 
 def slo_counts(arrival_t: list[float], start_t: list[float], slo_s: float) -> tuple[int, int]:
     """(requests that started within `slo_s` of arriving, requests that started); times in the same unit."""
-    started = [(a, s) for a, s in zip(arrival_t, start_t) if not math.isnan(s)]
+    started = [(a, s) for a, s in zip(arrival_t, start_t, strict=True) if not math.isnan(s)]
     return sum(1 for a, s in started if s - a <= slo_s), len(started)
 
 
@@ -290,7 +290,7 @@ def gpu_nodes(nodes: list[Obj], pods: list[Obj]) -> list[dict[str, Any]]:
 def request_text(pod: Obj) -> str:
     req = pod_requests(pod)
     parts = [f"{k.removeprefix('nvidia.com/')}={v.normalize():f}" for k, v in sorted(req.items())
-             if k == GPU_RESOURCE or k == SHARE_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)]
+             if k in (GPU_RESOURCE, SHARE_RESOURCE) or k.startswith(MIG_RESOURCE_PREFIX)]
     return ", ".join(parts) or "-"
 
 

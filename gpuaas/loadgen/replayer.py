@@ -47,7 +47,8 @@ def render_metrics(system: ServingSystem, namespace: str, deployment: str) -> st
     add("gpuaas_gateway_requests_waiting", gw, system.gateway_waiting())
     types = {"vllm:num_requests_waiting": "gauge", "vllm:num_requests_running": "gauge",
              "vllm:request_success_total": "counter", "gpuaas_requests_received_total": "counter",
-             "vllm:request_inference_time_seconds_sum": "untyped", "vllm:request_inference_time_seconds_count": "untyped",
+             "vllm:request_inference_time_seconds_sum": "untyped",
+             "vllm:request_inference_time_seconds_count": "untyped",
              "gpuaas_gateway_requests_total": "counter", "gpuaas_gateway_requests_waiting": "gauge"}
     out = []
     for name, lines in rows.items():
@@ -74,7 +75,7 @@ class Replayer:
         replayer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):  # http.server's name for the GET handler
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "only /metrics is served")
                     return

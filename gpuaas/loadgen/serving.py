@@ -180,7 +180,8 @@ class ServingSystem:
     def queue_waits(self, now: float | None = None) -> list[float]:
         """Queue wait of every request that has arrived; one not started yet counts its wait so far."""
         now = self.now if now is None else now
-        return [(s if s == s else now) - a for a, s in zip(self.arrival_t[: self._next], self.start_t[: self._next])]
+        arrived = zip(self.arrival_t[: self._next], self.start_t[: self._next], strict=True)
+        return [(s if s == s else now) - a for a, s in arrived]
 
     # ---- internals -------------------------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, name: str, i: int = -1) -> None:

@@ -101,11 +101,11 @@ def synthetic_trace(duration_s: float = 3600.0, *, mean_rate: float = 2.0, seed:
         length = rng.uniform(20, 60)
         rate[(t >= start) & (t < start + length)] *= rng.uniform(2.0, 4.0)
     counts = rng.poisson(rate)
-    times = np.sort(np.concatenate([s + rng.random(n) for s, n in zip(t, counts)]))
+    times = np.sort(np.concatenate([s + rng.random(n) for s, n in zip(t, counts, strict=True)]))
     context = np.maximum(1, rng.lognormal(np.log(1470), 0.9, size=len(times))).astype(int)
     generated = np.maximum(1, rng.lognormal(np.log(13), 1.1, size=len(times))).astype(int)
     t0 = times[0] if len(times) else 0.0
-    return [Arrival(float(x - t0), int(c), int(g)) for x, c, g in zip(times, context, generated)]
+    return [Arrival(float(x - t0), int(c), int(g)) for x, c, g in zip(times, context, generated, strict=True)]
 
 
 def write_trace(path: str | Path, arrivals: list[Arrival], start: dt.datetime = dt.datetime(2026, 1, 1)) -> None:

@@ -13,6 +13,7 @@ or computed some other way, and the report shows both numbers.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from .model import Final, Run, Summary
@@ -46,7 +47,7 @@ def slo_attainment(run: Run) -> float | None:
 def gpu_node_hours(run: Run) -> float | None:
     if not run.samples:
         return None
-    seconds = sum(a.gpu_nodes_ready * (b.t - a.t) for a, b in zip(run.samples, run.samples[1:]))
+    seconds = sum(a.gpu_nodes_ready * (b.t - a.t) for a, b in itertools.pairwise(run.samples))
     return seconds / 3600
 
 

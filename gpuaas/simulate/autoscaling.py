@@ -1,10 +1,10 @@
 """Replaying a request trace in simulated time through a replica recommender.
 
-The loop is what runs in a cluster, with simulated parts: `ServingSystem` plays the replicas (gpuaas/loadgen/serving.py),
-`ScrapeLog` plays Prometheus (a scrape every `scrape_interval_s`; queries see only scraped samples, so the recommender
-sees the same staleness it sees in production), and the recommender is the production code from `autoscaler/policy.py`
-called every `sync_period_s` of its policy. Scrapes happen at multiples of the scrape interval; syncs half a scrape
-interval later (a controller is not in phase with Prometheus).
+The loop is what runs in a cluster, with simulated parts: `ServingSystem` plays the replicas
+(gpuaas/loadgen/serving.py), `ScrapeLog` plays Prometheus (a scrape every `scrape_interval_s`; queries see only
+scraped samples, so the recommender sees the same staleness it sees in production), and the recommender is the
+production code from `autoscaler/policy.py` called every `sync_period_s` of its policy. Scrapes happen at multiples
+of the scrape interval; syncs half a scrape interval later (a controller is not in phase with Prometheus).
 
 GPU-replica-hours integrate every replica from the moment it is asked for until it is gone, over the trace's span (first
 to last arrival). After the last arrival the loop keeps running until every request has started, so that each request's
@@ -174,7 +174,8 @@ def simulate(arrivals: list[Arrival], policy: Policy, model: ServiceModel = Serv
         if now <= span:
             sig = snap.signals
             timeline.append((now, n_live, len(system.serving()), sig.total_queue if sig else 0.0))
-    waits = [w for a, w in zip(system.arrival_t, system.queue_waits()) if a >= warmup_s]
+    # Waits exist for the requests that arrived by the end; the zip stops there.
+    waits = [w for a, w in zip(system.arrival_t, system.queue_waits(), strict=False) if a >= warmup_s]
     slo = model.slo_queue_wait_s
     ok = sum(1 for w in waits if w <= slo + 1e-9)
     gpu_s = (gpu_at_span if gpu_at_span is not None else system.gpu_seconds(span)) - (gpu_at_warmup or 0.0)

@@ -34,7 +34,7 @@ def _int(row: dict, field: str, where: str) -> int:
         except ValueError:
             raise TraceError(f"{where}: field {field!r} must be a number, got {raw!r}") from None
         if value != int(value):
-            raise TraceError(f"{where}: field {field!r} must be a whole number, got {raw!r}")
+            raise TraceError(f"{where}: field {field!r} must be a whole number, got {raw!r}") from None
         value = int(value)
     if value < 0:
         raise TraceError(f"{where}: field {field!r} must not be negative, got {raw!r}")
