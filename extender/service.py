@@ -12,7 +12,7 @@ import numpy as np
 from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
 from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
-from scoring.policies import feasible
+from scoring.fit import feasible
 
 from scoring import verdicts
 from .binder import Binder, BindError

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scoring.model import MILLI, ClusterState
-from scoring.policies import feasible
+from scoring.fit import feasible
 
 from .config import NodeScalerConfig
 from .scaleout import block_rows, place_greedy, snapshot_rows, unavailable_rows

@@ -1,6 +1,6 @@
 """Placement policies behind one small interface, kube-scheduler style: Filter, Score, NormalizeScore, then devices.
 
-    feasible(state, pod)                  -> bool[N]                  (shared by every policy)
+    scoring.fit.feasible(state, pod)      -> bool[N]                  (shared by every policy)
     policy.score(state, pod, feasible)    -> float[N] (higher better; only feasible entries are meaningful)
     policy.devices(state, pod, node)      -> GPU indices on the chosen node
     normalize(scores, feasible)           -> int[N] in 0..MAX_EXTENDER_PRIORITY (what the HTTP extender returns)
@@ -11,7 +11,7 @@ Policies are registered by name (POLICIES) and built with `make_policy(name, sta
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations
@@ -28,52 +28,6 @@ MAX_NODE_SCORE = 100  # kube-scheduler framework.MaxNodeScore
 MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority
 MAX_SPEC_CPU = 128_000  # FGD simulator's normalisers (open-gpu-share/utils/const.go)
 MAX_SPEC_GPU = 8_000
-
-
-# -- Filter -----------------------------------------------------------------------------------------------------------
-
-def feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
-    """bool[N]: the pod fits on the node now (CPU, memory, GPU model, GPUs/share/MIG instance)."""
-    ok = (state.cpu_left >= pod.cpu_milli) & (state.mem_left >= pod.memory_mib)
-    if pod.gpus == 0:
-        return ok
-    ok &= state.model_allowed(pod)
-    if pod.mig_profile:
-        col = state.mig_pos.get(pod.mig_profile)
-        if col is None:
-            return np.zeros(len(state), dtype=bool)
-        return ok & any_per_row(state.mig_free[:, :, col] > 0)
-    if pod.gpu_milli < MILLI:
-        return ok & any_per_row(state.gpu_left >= pod.gpu_milli)
-    return ok & (count_per_row(state.gpu_left == MILLI) >= pod.gpus)
-
-
-def infeasible_reason(state: ClusterState, pod: PodDemand, node: int) -> str | None:
-    """Why the pod does not fit on one node (None if it does); the extender's FailedNodes message."""
-    if state.cpu_left[node] < pod.cpu_milli:
-        return f"insufficient cpu: {state.cpu_left[node]}m free, {pod.cpu_milli}m requested"
-    if state.mem_left[node] < pod.memory_mib:
-        return f"insufficient memory: {state.mem_left[node]}Mi free, {pod.memory_mib}Mi requested"
-    if pod.gpus == 0:
-        return None
-    if state.gpu_count[node] == 0:
-        return "node has no GPUs"
-    if not state.model_allowed(pod)[node]:
-        model = state.model_names[state.model_idx[node]]
-        return f"GPU model {model} not in {sorted(pod.allowed_models)}"
-    if pod.mig_profile:
-        col = state.mig_pos.get(pod.mig_profile)
-        if col is None or not (state.mig_free[node, :, col] > 0).any():
-            return f"no free MIG instance {pod.mig_profile}"
-        return None
-    if pod.gpu_milli < MILLI:
-        if not (state.gpu_left[node] >= pod.gpu_milli).any():
-            return f"no GPU with {pod.gpu_milli}/1000 free (most free: {int(state.gpu_left[node].max())})"
-        return None
-    free = int((state.gpu_left[node] == MILLI).sum())
-    if free < pod.gpus:
-        return f"insufficient whole GPUs: {free} free, {pod.gpus} requested"
-    return None
 
 
 # -- Score helpers ------------------------------------------------------------------------------------------------------
@@ -155,9 +109,16 @@ class _Base:
         return int(np.flatnonzero(ok)[np.argmin(left[ok])])
 
 
-def mig_gpu_first_fit(state: ClusterState, pod: PodDemand, node: int) -> int:
+def mig_gpu_first_fit(state: ClusterState, pod: PodDemand, node: int, taken: Mapping[int, int] | None = None) -> int:
+    """The first GPU of the node with a free instance of the pod's profile (the device plugin's order). `taken`:
+    instances per GPU already promised to other pods of the same plan, which the state does not show yet."""
     col = state.mig_pos[pod.mig_profile]
-    return int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0])
+    free = np.flatnonzero(state.mig_free[node, :, col] > 0)
+    if taken:
+        for g in free:
+            if state.mig_free[node, g, col] > taken.get(int(g), 0):
+                return int(g)
+    return int(free[0])
 
 
 # -- Baselines ----------------------------------------------------------------------------------------------------------

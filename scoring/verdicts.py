@@ -11,9 +11,9 @@ from operator import itemgetter
 
 import numpy as np
 
-from scoring.model import MILLI, ClusterState, PodDemand
-from scoring.policies import MAX_EXTENDER_PRIORITY, Policy, feasible, infeasible_reason, normalize, select_node
-from scoring.rowwise import count_per_row
+from scoring.fit import feasible, free_on, misfit_reasons, present
+from scoring.model import ClusterState, PodDemand
+from scoring.policies import MAX_EXTENDER_PRIORITY, Policy, normalize, select_node
 
 UNKNOWN_NODE = "node not (yet) in gpuaas's cache; it will be considered once the node watch delivers it"
 
@@ -36,57 +36,6 @@ def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
     return np.fromiter(map(state.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
 
 
-def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tuple[np.ndarray, list[str], int]:
-    """Why each node (model row) cannot take the pod now, for all rows at once: (code per row, message per code,
-    first resolvable code). Code 0 means it fits. Codes below the third value are structural (no GPUs, a model the pod refuses, a MIG profile its
-    GPU model does not have, fewer GPUs than asked): no waiting or preemption fixes them, and they go to
-    FailedAndUnresolvableNodes, which preemption skips. Messages are shared per code so that answering for thousands
-    of nodes costs array work, not string formatting per node."""
-    messages = [""]
-    code = np.zeros(len(rows), dtype=np.int64)
-
-    def mark(condition: np.ndarray, message: str) -> None:
-        free = (code == 0) & condition
-        if free.any():
-            code[free] = len(messages)
-            messages.append(message)
-
-    gpus = state.gpu_count[rows]
-    model = state.model_idx[rows]
-    if pod.gpus:
-        mark(gpus == 0, "node has no GPUs")
-        allowed = state.model_allowed(pod)[rows]
-        for m, gm in enumerate(state.models if pod.allowed_models or pod.mig_profile else ()):
-            on_model = model == m
-            mark(on_model & ~allowed, f"GPU model {gm.name} is not one the pod accepts "
-                                      f"({', '.join(sorted(pod.allowed_models))})")
-            if pod.mig_profile and pod.mig_profile not in gm.mig_profiles:
-                known = ", ".join(p for p in gm.mig_profiles if "+" not in p) or "none"
-                mark(on_model, f"no MIG layout of {gm.name} has a {pod.mig_profile} instance (its profiles: {known})")
-        if not pod.mig_profile and not pod.is_share:
-            for n in _present(gpus[gpus < pod.gpus]):
-                mark(gpus == n, f"pod asks for {pod.gpus} GPUs, the node has {n}")
-    resolvable = len(messages)
-    mark(state.cpu_left[rows] < pod.cpu_milli, f"insufficient cpu ({pod.cpu_milli}m requested)")
-    mark(state.mem_left[rows] < pod.memory_mib, f"insufficient memory ({pod.memory_mib}Mi requested)")
-    if pod.gpus:
-        fits = feasible(state, pod)[rows]
-        if pod.mig_profile:
-            mark(~fits, f"no free MIG instance {pod.mig_profile}")
-        elif pod.is_share:
-            mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
-        else:
-            whole_free = count_per_row(state.gpu_left == MILLI)[rows]  # per node, then gathered: no [rows, G] copy
-            for n in _present(whole_free[~fits]):
-                mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
-    return code, messages, resolvable
-
-
-def _present(counts: np.ndarray) -> list[int]:
-    """The distinct values of small non-negative integers (GPU counts), ascending; bincount beats np.unique here."""
-    return np.flatnonzero(np.bincount(counts)).tolist() if counts.size else []
-
-
 def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
                  unreadable: dict[str, str] | None = None) -> FilterVerdict:
     verdict = FilterVerdict()
@@ -102,7 +51,7 @@ def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
     verdict.feasible_rows = rows[ok]
     # Thousands of rejected nodes share a few messages: one C-level gather of names and one dict.fromkeys per
     # message, not a Python step per name.
-    for c in _present(code[code > 0]):
+    for c in present(code[code > 0]):
         reasons = verdict.unresolvable if c < resolvable else verdict.failed
         reasons.update(dict.fromkeys(_names_at(names, np.flatnonzero(code == c)), messages[c]))
     for name in _names_at(names, np.flatnonzero(~known)):  # names the model does not know (few)
@@ -184,8 +133,7 @@ def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
     if node in verdict.unresolvable:
         out.update(fits=False, resolvable=False, reason=verdict.unresolvable[node])
     elif node in verdict.failed:
-        out.update(fits=False, resolvable=True, reason=verdict.failed[node],
-                   detail=infeasible_reason(state, pod, state.index[node]))
+        out.update(fits=False, resolvable=True, reason=verdict.failed[node], free=free_on(state, state.index[node]))
     else:
         scores = dict(prioritize(state, policy, pod, verdict.feasible).pairs())
         rank = sorted(scores.values(), reverse=True).index(scores[node]) + 1

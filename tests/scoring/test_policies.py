@@ -4,9 +4,9 @@ import pytest
 
 from scoring.fragmentation import Shape, Workload
 from scoring.model import ClusterState, NodeSpec, PodDemand
+from scoring.fit import feasible, misfit_reason
 from scoring.policies import (
-    BestFitPolicy, FgdPolicy, LeastAllocatedPolicy, RandomPolicy, feasible, infeasible_reason, make_policy,
-    normalize, select_node,
+    BestFitPolicy, FgdPolicy, LeastAllocatedPolicy, RandomPolicy, make_policy, normalize, select_node,
 )
 
 NODES = [
@@ -24,21 +24,21 @@ def state():
 
 @pytest.mark.parametrize("pod, expected, reason_a", [
     (PodDemand(cpu_milli=1000), [True, True, True], None),
-    (PodDemand(cpu_milli=40_000), [False, True, False], "insufficient cpu: 32000m free, 40000m requested"),
+    (PodDemand(cpu_milli=40_000), [False, True, False], "insufficient cpu (40000m requested)"),
     (PodDemand(memory_mib=200_000), [False, True, False], "insufficient memory"),
     (PodDemand(gpus=2, gpu_milli=1000), [False, True, False], "insufficient whole GPUs: 1 free, 2 requested"),
     (PodDemand(gpus=1, gpu_milli=500), [True, True, False], None),
     (PodDemand(gpus=1, gpu_milli=500, allowed_models=frozenset({"V100-32GB"})), [False, True, False],
-     "GPU model T4 not in ['V100-32GB']"),
+     "GPU model T4 is not one the pod accepts (V100-32GB)"),
 ])
 def test_feasible_and_reason(pod, expected, reason_a):
     s = state()
     assert feasible(s, pod).tolist() == expected
-    reason = infeasible_reason(s, pod, 0)
+    reason = misfit_reason(s, pod, 0)
     assert (reason is None) == (reason_a is None)
     if reason_a:
         assert reason_a in reason
-    assert infeasible_reason(s, PodDemand(gpus=1, gpu_milli=1000), 2) == "node has no GPUs"
+    assert misfit_reason(s, PodDemand(gpus=1, gpu_milli=1000), 2) == "node has no GPUs"
 
 
 def test_bestfit_score():

@@ -1,0 +1,109 @@
+"""Whether a pod fits a node now, and why not: the one source of the fit rules and of their words.
+
+`feasible` answers for every node at once (the Filter every placement starts from); `misfit_reasons` says, for the
+nodes that fail, which rule failed and in what words (the extender's FailedNodes and /explain); both apply the same
+per-dimension rules below, so what the filter refuses and what the explanation says never part.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from scoring.model import MILLI, ClusterState, PodDemand
+from scoring.rowwise import any_per_row, count_per_row
+
+
+# -- the rules, as bool[N] over every node ------------------------------------------------------------------------------
+
+def cpu_fits(state: ClusterState, pod: PodDemand) -> np.ndarray:
+    return state.cpu_left >= pod.cpu_milli
+
+
+def memory_fits(state: ClusterState, pod: PodDemand) -> np.ndarray:
+    return state.mem_left >= pod.memory_mib
+
+
+def devices_fit(state: ClusterState, pod: PodDemand) -> np.ndarray:
+    """Free devices of the kind the pod asks (a free MIG instance of its profile, a GPU with its share free, or that
+    many wholly free GPUs), whatever the GPU model. Only for pods that ask for GPUs."""
+    if pod.mig_profile:
+        col = state.mig_pos.get(pod.mig_profile)
+        if col is None:  # no GPU of the cluster has that profile
+            return np.zeros(len(state), dtype=bool)
+        return any_per_row(state.mig_free[:, :, col] > 0)
+    if pod.is_share:
+        return any_per_row(state.gpu_left >= pod.gpu_milli)
+    return count_per_row(state.gpu_left == MILLI) >= pod.gpus
+
+
+def feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
+    """bool[N]: the pod fits on the node now (CPU, memory, GPU model, GPUs/share/MIG instance)."""
+    ok = cpu_fits(state, pod) & memory_fits(state, pod)
+    if pod.gpus == 0:
+        return ok
+    return ok & state.model_allowed(pod) & devices_fit(state, pod)
+
+
+# -- the words ----------------------------------------------------------------------------------------------------------
+
+def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tuple[np.ndarray, list[str], int]:
+    """Why each node (model row) cannot take the pod now, for all rows at once: (code per row, message per code,
+    first resolvable code). Code 0 means it fits. Codes below the third value are structural (no GPUs, a model the
+    pod refuses, a MIG profile its GPU model does not have, fewer GPUs than asked): no waiting or preemption fixes
+    them, and they go to FailedAndUnresolvableNodes, which preemption skips. Messages are shared per code so that
+    answering for thousands of nodes costs array work, not string formatting per node."""
+    messages = [""]
+    code = np.zeros(len(rows), dtype=np.int64)
+
+    def mark(condition: np.ndarray, message: str) -> None:
+        free = (code == 0) & condition
+        if free.any():
+            code[free] = len(messages)
+            messages.append(message)
+
+    gpus = state.gpu_count[rows]
+    model = state.model_idx[rows]
+    if pod.gpus:
+        mark(gpus == 0, "node has no GPUs")
+        allowed = state.model_allowed(pod)[rows]
+        for m, gm in enumerate(state.models if pod.allowed_models or pod.mig_profile else ()):
+            on_model = model == m
+            mark(on_model & ~allowed, f"GPU model {gm.name} is not one the pod accepts "
+                                      f"({', '.join(sorted(pod.allowed_models))})")
+            if pod.mig_profile and pod.mig_profile not in gm.mig_profiles:
+                known = ", ".join(p for p in gm.mig_profiles if "+" not in p) or "none"
+                mark(on_model, f"no MIG layout of {gm.name} has a {pod.mig_profile} instance (its profiles: {known})")
+        if not pod.mig_profile and not pod.is_share:
+            for n in present(gpus[gpus < pod.gpus]):
+                mark(gpus == n, f"pod asks for {pod.gpus} GPUs, the node has {n}")
+    resolvable = len(messages)
+    mark(~cpu_fits(state, pod)[rows], f"insufficient cpu ({pod.cpu_milli}m requested)")
+    mark(~memory_fits(state, pod)[rows], f"insufficient memory ({pod.memory_mib}Mi requested)")
+    if pod.gpus:
+        fits = devices_fit(state, pod)[rows]
+        if pod.mig_profile:
+            mark(~fits, f"no free MIG instance {pod.mig_profile}")
+        elif pod.is_share:
+            mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
+        else:
+            whole_free = count_per_row(state.gpu_left == MILLI)[rows]  # per node, then gathered: no [rows, G] copy
+            for n in present(whole_free[~fits]):
+                mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
+    return code, messages, resolvable
+
+
+def misfit_reason(state: ClusterState, pod: PodDemand, node: int) -> str | None:
+    """Why the pod does not fit on one node (None if it does), in `misfit_reasons`' words."""
+    code, messages, _ = misfit_reasons(state, pod, np.array([node]))
+    return messages[int(code[0])] or None
+
+
+def free_on(state: ClusterState, node: int) -> dict[str, int]:
+    """What one node has free now, the numbers behind a misfit (for /explain)."""
+    return {"cpu_milli": int(state.cpu_left[node]), "memory_mib": int(state.mem_left[node]),
+            "whole_gpus": int((state.gpu_left[node] == MILLI).sum()),
+            "largest_gpu_share_milli": int(state.gpu_left[node].max()) if state.gpu_left.shape[1] else 0}
+
+
+def present(counts: np.ndarray) -> list[int]:
+    """The distinct values of small non-negative integers (GPU counts), ascending; bincount beats np.unique here."""
+    return np.flatnonzero(np.bincount(counts)).tolist() if counts.size else []
