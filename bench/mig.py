@@ -25,7 +25,9 @@ from gpuaas.simulate.traces import load_pods
 from scoring.fragmentation import Workload
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.planner import apply_mig_plan, repartition_mig
-from scoring.policies import feasible, make_policy, select_node
+from scoring.fit import cpu_fits, feasible, memory_fits
+from scoring.placement import Placer
+from scoring.policies import make_policy
 
 DATA = Path("/work/shared/data/alibaba-gpu-2023")
 # Layout mixes per node (rotated by node index). "matched" is sized to the stream's demand (about half the requests
@@ -59,24 +61,19 @@ def run(policy: str, nodes, stream, seed: int, repartition: bool, workload: Work
     state = ClusterState(nodes)
     rng = np.random.default_rng(seed)
     rank = rng.permutation(len(state))
-    pol = make_policy(policy, state, workload, rng)
+    placer = Placer(state, make_policy(policy, state, workload, rng), rank)
     placed = repartitions = 0
     plan_seconds = []
     for pod in stream:
-        mask = feasible(state, pod)
-        if not mask.any() and repartition:
-            fits = np.flatnonzero((state.cpu_left >= pod.cpu_milli) & (state.mem_left >= pod.memory_mib))
+        if repartition and not feasible(state, pod).any():
+            fits = np.flatnonzero(cpu_fits(state, pod) & memory_fits(state, pod))
             plan = repartition_mig(state, [pod], time_limit=0.5, nodes=fits)
             plan_seconds.append(plan.wall_seconds)
             if plan.layouts and plan.served.get(pod.mig_profile, 0) > 0:
                 apply_mig_plan(state, plan)
                 repartitions += len(plan.layouts)
-                mask = feasible(state, pod)
-        if not mask.any():
+        if placer.place(pod) is None:
             break
-        node = select_node(np.asarray(pol.score(state, pod, mask), dtype=float), mask, rank)
-        state.place(node, pod, pol.devices(state, pod, node))
-        pol.observe(node)
         placed += 1
     return {"placed": placed, "gpus_repartitioned": repartitions,
             "plan_ms_p50": round(1000 * float(np.median(plan_seconds)), 2) if plan_seconds else None}

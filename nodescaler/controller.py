@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from scoring.kubeobjects import MIG_CONFIG_LABEL, MIG_STATE_LABEL
+
 from .config import NodeScalerConfig
 from .drain import DeleteNode, DrainAction, Evict, Rollback, Wait, drain_step, eviction_body, rollback_patch, \
     start_patch
@@ -39,8 +41,7 @@ from .metrics import Metrics
 from .provider import NodeNotFound, Provider, ProviderError
 from .scalein import Round, must_move, plan_scale_in, update_unneeded, update_unready
 from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
-from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, DrainRecord, \
-    Snapshot, in_service, pod_info
+from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, DrainRecord, Snapshot, in_service, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
 COMPONENT = "gpuaas-nodescaler"

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scoring.constraints import NodeConstraints, allows
+from scoring.fit import feasible
 from scoring.gpus import MigLayoutError, mig_configs_for, model_by_product
-from scoring.model import ClusterState, NodeSpec, PodDemand
+from scoring.model import ClusterState, NodeSpec
+from scoring.placement import Placer
 from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
-from scoring.policies import feasible, make_policy, select_node
+from scoring.policies import make_policy, mig_gpu_first_fit
 
 from .config import NodeGroupConfig, NodeScalerConfig
-from scoring.constraints import Placement, allows
 from .snapshot import NodeInfo, PodInfo, Snapshot, in_service
 
 
@@ -88,34 +90,32 @@ def snapshot_rows(snap: Snapshot, state: ClusterState) -> list[tuple[Mapping[str
 
 def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, workload=None,
                  rows: Rows | None = None) -> tuple[list[tuple[PodInfo, int]], list[PodInfo]]:
-    """Place pods one at a time, largest first, as the extender would (feasibility, policy score, device choice),
-    on the nodes whose labels and taints (`rows`, per model row) the pod accepts; changes `state`. Returns (placed
-    with their node row, the pods that fit nowhere)."""
+    """Place pods one at a time, largest first, as the extender would (scoring.placement: feasibility, policy
+    score, device choice), on the nodes whose labels and taints (`rows`, per model row) the pod accepts; changes
+    `state`. Returns (placed with their node row, the pods that fit nowhere)."""
     if not len(state):
         return [], list(pods)
-    pol = make_policy(policy, state, workload)
-    rank = np.arange(len(state))
+    placer = Placer(state, make_policy(policy, state, workload))
     placed, left = [], []
-    allowed: dict[Placement, np.ndarray] = {}
+    allowed: dict[NodeConstraints, np.ndarray] = {}
     # Largest first; among equals the longest waiting first, so that capacity already on its way goes to the oldest
     # pods and a grow is for the newest (what the scale-up latency metric reads).
-    for pod in sorted(pods, key=lambda p: (-p.demand.total_gpu_milli, -p.demand.cpu_milli,
-                                           p.unschedulable_since or 0.0, p.created, p.key)):
-        d = pod.demand
-        mask = feasible(state, d)
-        if rows is not None:
-            if pod.placement not in allowed:
-                allowed[pod.placement] = np.fromiter((allows(pod.placement, lab, tnt) for lab, tnt in rows),
-                                                     dtype=bool, count=len(rows))
-            mask &= allowed[pod.placement]
-        node = select_node(np.asarray(pol.score(state, d, mask), dtype=float), mask, rank) if mask.any() else -1
-        if node < 0:
+    for pod in sorted(pods, key=placement_order):
+        if rows is not None and pod.constraints not in allowed:
+            allowed[pod.constraints] = np.fromiter((allows(pod.constraints, lab, tnt) for lab, tnt in rows),
+                                                   dtype=bool, count=len(rows))
+        choice = placer.place(pod.demand, allowed[pod.constraints] if rows is not None else None)
+        if choice is None:
             left.append(pod)
-            continue
-        state.place(node, d, pol.devices(state, d, node) if d.gpus else ())
-        pol.observe(node)
-        placed.append((pod, node))
+        else:
+            placed.append((pod, choice.node))
     return placed, left
+
+
+def placement_order(pod: PodInfo) -> tuple:
+    """The order the what-if places pending pods in: largest GPU demand first, then CPU, then the longest waiting."""
+    d = pod.demand
+    return (-d.total_gpu_milli, -d.cpu_milli, pod.unschedulable_since or 0.0, pod.created, pod.key)
 
 
 def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
@@ -230,15 +230,10 @@ def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[
         for g in range(int(state.gpu_count[n])):
             state.set_mig_layout(n, g, config)
         for pod, row in placed:
-            state.place(row, pod.demand, _mig_device(state, row, pod.demand))
+            state.place(row, pod.demand, (mig_gpu_first_fit(state, pod.demand, row),))
         commands.append(SetMigConfig(state.names[n], config, tuple(p.key for p, _ in placed)))
         left = rest
     return commands, left, notes
-
-
-def _mig_device(state: ClusterState, node: int, pod: PodDemand) -> tuple[int]:
-    col = state.mig_pos[pod.mig_profile]
-    return (int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0]),)
 
 
 def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int,
@@ -338,7 +333,7 @@ def plan_scale_out(snap: Snapshot, config: NodeScalerConfig, *, requested: Seque
             out.notes.append(f"group {g.name} is at max_size {g.max_size}")
     by_groups: dict[tuple[str, ...], list[PodInfo]] = {}
     for pod in left:
-        ok = tuple(g.name for g in config.groups if allows(pod.placement, *g.template_constraints()))
+        ok = tuple(g.name for g in config.groups if allows(pod.constraints, *g.template_constraints()))
         by_groups.setdefault(ok, []).append(pod)
     grows: dict[str, list] = {}
     for names, pods in by_groups.items():

@@ -25,7 +25,7 @@ from .config import NodeScalerConfig
 from .controller import KubeCluster, NodeScaler
 from .metrics import Metrics
 from .provider import KwokProvider
-from .snapshot import build_snapshot, model_object, pod_info
+from .snapshot import build_snapshot, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
 BATCH_S = 0.2
@@ -85,10 +85,8 @@ class Service:
             self.view._dirty = True
 
     def _apply_change(self, kind: str, old, new) -> None:
-        if kind == "Node":
-            self.view.on_change("Node", old and model_object(old), new and model_object(new))
-        elif kind == "Pod":
-            self.view.on_change("Pod", old, new)
+        self.view.on_change(kind, old, new)
+        if kind == "Pod":
             if new is not None and not (new.get("spec") or {}).get("nodeName"):
                 info = pod_info(new)
                 if info.unschedulable and info.gpu and not (old and pod_info(old).unschedulable):

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoring.clusterview import ClusterView
-from scoring.constraints import Placement, Taint, node_taints
+from scoring.constraints import NodeConstraints, Taint, node_taints
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
-from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, POOL_LABEL, PRODUCT_LABEL, ObjectError,
-                                 parse_quantity, pod_demand, pod_key, requests_gpu)
+from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, MIG_CONFIG_LABEL, MIG_STATE_LABEL, POOL_LABEL,
+                                 PRODUCT_LABEL, ObjectError, parse_quantity, pod_demand, pod_key, requests_gpu)
 from scoring.model import ClusterState, PodDemand
 
 Obj = dict[str, Any]
@@ -26,8 +26,6 @@ DRAIN_TAINT = "gpuaas.io/draining"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # When the node scaler first saw the node GPU-ready (epoch seconds). Written once per node, so that any replica, after
 # any restart, tells a node that never came up (a failed provision: deleted) from one in service that went unready
@@ -114,7 +112,7 @@ class PodInfo:
     labels: Mapping[str, str]
     gpu: bool
     problem: str = ""
-    placement: Placement = Placement()
+    constraints: NodeConstraints = NodeConstraints()
 
     @property
     def daemon(self) -> bool:
@@ -246,7 +244,7 @@ def pod_info(pod: Obj) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")) or 0.0, terminating=bool(meta.get("deletionTimestamp")),
         owner_kind=owner, safe_to_evict=None if safe is None else safe == "true",
         do_not_disrupt=ann.get(DO_NOT_DISRUPT) == "true", grace_s=int(spec.get("terminationGracePeriodSeconds", 30)),
-        labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem, placement=Placement.of(pod))
+        labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem, constraints=NodeConstraints.of(pod))
 
 
 def pdb_info(pdb: Obj) -> PdbInfo:
@@ -263,15 +261,15 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], pdbs: Iterable[Obj
     """Records for every object, and the scoring model of the nodes that can take pods now (Ready, GPUs advertised,
     no MIG repartition under way) with the pods bound to them.
 
-    `view`: a live ClusterView already fed with these objects through `model_objects` (the controller keeps one fed by
-    its informers, so a reconcile does not rebuild the model of a thousand nodes); None builds one here."""
+    `view`: a live ClusterView already fed with these objects (the controller keeps one fed by its informers, so a
+    reconcile does not rebuild the model of a thousand nodes); None builds one here, as the extender builds its own."""
     nodes, pods = list(nodes), list(pods)
     infos = {n["metadata"]["name"]: node_info(n) for n in nodes}
     pod_infos = [pod_info(p) for p in pods]
     if view is None:
         view = ClusterView(policy)
         for n in nodes:
-            view.on_change("Node", None, model_object(n))
+            view.on_change("Node", None, n)
         for p in pods:
             view.on_change("Pod", None, p)
     state, _ = view.snapshot()
@@ -279,22 +277,3 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], pdbs: Iterable[Obj
     unreadable.update({p.key: p.problem for p in pod_infos if p.problem})
     return Snapshot(now=now, nodes=infos, pods=pod_infos, pdbs=[pdb_info(x) for x in pdbs], state=state.copy(),
                     unreadable=unreadable, workload=view.workload())
-
-
-def model_object(node: Obj) -> Obj:
-    """The Node as the scoring model should see it: a node that cannot take GPU pods yet (booting, or its MIG layout
-    being changed) with its GPU resources taken out, so that neither the autoscaler nor the extender counts GPUs that
-    are not there. (scoring.kubeobjects reads `nvidia.com/gpu.count` as the number of GPUs even while the device plugin
-    advertises none.)"""
-    info = node_info(node)
-    if not (info.booting or info.mig_pending) or not info.gpus:
-        return node
-    out = dict(node)
-    meta = dict(node["metadata"])
-    meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith("nvidia.com/")}
-    out["metadata"] = meta
-    status = dict(node.get("status") or {})
-    status["allocatable"] = {k: v for k, v in (status.get("allocatable") or {}).items()
-                             if k != GPU_RESOURCE and not k.startswith(MIG_RESOURCE_PREFIX)}
-    out["status"] = status
-    return out

@@ -14,7 +14,7 @@ Expr = tuple[str, str, tuple[str, ...]]
 
 
 @dataclass(frozen=True)
-class Placement:
+class NodeConstraints:
     """A pod's node constraints."""
 
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -22,7 +22,7 @@ class Placement:
     tolerations: tuple[tuple[str, str, str, str], ...] = ()  # (key, operator, value, effect)
 
     @classmethod
-    def of(cls, pod: Mapping[str, Any]) -> "Placement":
+    def of(cls, pod: Mapping[str, Any]) -> "NodeConstraints":
         spec = pod.get("spec") or {}
         terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
                   .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ())
@@ -77,14 +77,14 @@ def _tolerated(taint: Taint, tolerations: Sequence[tuple[str, str, str, str]]) -
     return False
 
 
-def allows(p: Placement, labels: Mapping[str, str], taints: Sequence[Taint], *,
+def allows(p: NodeConstraints, labels: Mapping[str, str], taints: Sequence[Taint], *,
            ignored_taints: Sequence[str] = IGNORED_TAINTS, node_name: str | None = None) -> bool:
     """The scheduler's NodeAffinity + TaintToleration filters (NoSchedule and NoExecute taints). `node_name`: for
     matchFields on metadata.name (a node group's template has none: such terms then fail)."""
     return refusal(p, labels, taints, ignored_taints=ignored_taints, node_name=node_name) is None
 
 
-def refusal(p: Placement, labels: Mapping[str, str], taints: Sequence[Taint], *,
+def refusal(p: NodeConstraints, labels: Mapping[str, str], taints: Sequence[Taint], *,
             ignored_taints: Sequence[str] = IGNORED_TAINTS, node_name: str | None = None) -> str | None:
     """Why the scheduler's NodeAffinity or TaintToleration filter refuses the node, in its own words; None if not."""
     if any(labels.get(k) != v for k, v in p.node_selector):
@@ -114,7 +114,7 @@ def bind_refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, schedul
     if node is None:
         return None  # the caller says the node is unknown, in its own way
     meta = node.get("metadata") or {}
-    return refusal(Placement.of(pod), meta.get("labels") or {}, node_taints(node), ignored_taints=(),
+    return refusal(NodeConstraints.of(pod), meta.get("labels") or {}, node_taints(node), ignored_taints=(),
                    node_name=meta.get("name"))
 
 

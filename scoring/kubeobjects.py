@@ -53,6 +53,8 @@ POOL_LABEL = "gpuaas.io/pool"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"  # the GPU operator's MIG manager: the layout asked for
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"  # and how far it got (pending, success, failed)
 
 MAX_AMOUNT = 2**63 - 1  # the largest quantity whose Value() an int64 holds; binary-SI quantities are capped here
 MAX_MODEL_AMOUNT = 2**48  # per node or pod, in the model's units (millicores, MiB, GPUs): node sums stay in int64
@@ -241,6 +243,18 @@ def _str(value: Any, what: str) -> str:
 
 # -- nodes ------------------------------------------------------------------------------------------------------------
 
+def gpus_usable(node: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """Whether the GPUs a node advertises can take pods now: not while its kubelet reports it not Ready (a node with
+    no Ready condition yet is judged by what it advertises), nor while the MIG manager repartitions it (the device
+    plugin still advertises the old instances). The extender and the node scaler read nodes through node_spec, so
+    neither places pods on such GPUs, and the what-if counts them as capacity on its way, not as free."""
+    if labels.get(MIG_STATE_LABEL) == "pending":
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    ready = [c.get("status") for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"]
+    return not ready or ready[0] == "True"
+
+
 def node_spec(node: Mapping[str, Any]) -> NodeSpec:
     """The model of one Node. Raises ObjectError (or UnknownGpuModelError for a product not in the catalog)."""
     meta = _map(node.get("metadata"), "node metadata")
@@ -260,6 +274,8 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
         gpus = whole // replicas + (1 if any(mig_alloc.values()) else 0)
     if not whole and not any(mig_alloc.values()):
         gpus = 0  # GFD labels a booting node before the device plugin registers its GPUs: nothing to place on yet
+    elif not gpus_usable(node, labels):
+        gpus = 0  # advertised, but not to be placed on now (see gpus_usable)
     if gpus > MAX_GPUS_PER_NODE:
         raise ObjectError(f"{where}: {gpus} GPUs, more than the {MAX_GPUS_PER_NODE} per node gpuaas models")
     pool = _str(labels.get(POOL_LABEL), f"{where}: label {POOL_LABEL}")

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from ortools.sat.python import cp_model
 
+from scoring.fit import feasible
 from scoring.gpus import GpuModel, get_model, resolve_mig_layout
 from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand, default_blocks
-from scoring.policies import feasible, make_policy, select_node
+from scoring.placement import Placer
+from scoring.policies import FirstFitPolicy, make_policy, mig_gpu_first_fit
 
 DEFAULT_TIME_LIMIT = 2.0
 MAX_CANDIDATE_NODES = 48  # per gang: the best-scoring feasible nodes, to keep the model small
@@ -208,7 +210,8 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
             b = next(b for b in range(len(bins)) if (p, b) in x and solver.Value(x[p, b]))
             gpus = tuple(g for g in range(len(bins[b].gpu_left)) if (p, b, g) in a and solver.Value(a[p, b, g]))
             if pods[p].mig_profile:
-                gpus = (_mig_gpu(state, bins[b].node, pods[p], placements),)
+                taken = Counter(g for n, gs in placements if n == bins[b].node for g in gs)
+                gpus = (mig_gpu_first_fit(state, pods[p], bins[b].node, taken),)
             placements.append((bins[b].node, gpus))
         return GangPlan(status, solver.ObjectiveValue(), solver.BestObjectiveBound(), time.perf_counter() - t0,
                         placements=placements)
@@ -219,32 +222,17 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
                     notes=["no all-or-nothing placement found (solver and greedy)"])
 
 
-def _mig_gpu(state, node, pod, placements) -> int:
-    col = state.mig_pos[pod.mig_profile]
-    taken = Counter(g for n, gs in placements if n == node for g in gs)
-    for g in np.flatnonzero(state.mig_free[node, :, col] > 0):
-        if state.mig_free[node, g, col] > taken[int(g)]:
-            return int(g)
-    return int(np.flatnonzero(state.mig_free[node, :, col] > 0)[0])
-
-
 def _greedy_gang(state, pods, policy, workload) -> list[tuple[int, tuple[int, ...]]] | None:
     """One pod at a time with the policy on a copy, largest first; None if any pod does not fit."""
     fork = state.copy()
-    pol = make_policy(policy, fork, workload)
-    rank = np.arange(len(fork))
+    placer = Placer(fork, make_policy(policy, fork, workload))
     order = sorted(range(len(pods)), key=lambda i: (-pods[i].total_gpu_milli, -pods[i].cpu_milli))
     out: dict[int, tuple[int, tuple[int, ...]]] = {}
     for i in order:
-        pod = pods[i]
-        mask = feasible(fork, pod)
-        node = select_node(np.asarray(pol.score(fork, pod, mask), dtype=float), mask, rank)
-        if node < 0:
+        choice = placer.place(pods[i])
+        if choice is None:
             return None
-        gpus = pol.devices(fork, pod, node)
-        fork.place(node, pod, gpus)
-        pol.observe(node)
-        out[i] = (node, gpus)
+        out[i] = (choice.node, choice.devices)
     return [out[i] for i in range(len(pods))]
 
 
@@ -436,6 +424,7 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
 
     t0 = time.perf_counter()
     bins: list[_Bin] = []
+    specs: list[NodeSpec] = []  # the same new nodes as a model, for the fit rules and the greedy plan
     for grp in groups:
         t = grp.template
         model_name = get_model(t.gpu_model).name if t.gpus else ""
@@ -450,12 +439,13 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
             gpu_left = [0 if (t.mig_layouts and t.mig_layouts[g]) else MILLI for g in range(t.gpus)]
             bins.append(_Bin(t.cpu_milli, t.memory_mib, gpu_left, model_name, blocks, dict(mig_free),
                              group=grp.name, cost=grp.price))
+            specs.append(replace(t, name=f"{grp.name}-{len(specs)}"))
     # Pods no template can host at all are reported, not planned.
+    empty = ClusterState(specs)
     unplaceable = []
     placeable = []
     for i, pod in enumerate(pending):
-        fits = any(_fits_template(pod, b) for b in bins)
-        (placeable if fits else unplaceable).append(i)
+        (placeable if feasible(empty, pod).any() else unplaceable).append(i)
     pods = [pending[i] for i in placeable]
     m, x, a = _assignment_model(pods, bins, must_place=True)
     used = [m.NewBoolVar(f"u{b}") for b in range(len(bins))]
@@ -467,7 +457,7 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
             m.AddImplication(used[b], used[b - 1])
     scale = 100  # prices to integer cents
     m.Minimize(sum(int(round(bins[b].cost * scale)) * used[b] for b in range(len(bins))))
-    greedy = _greedy_new_nodes(pods, bins)
+    greedy = _greedy_new_nodes(pods, bins, specs)
     if greedy is not None:
         for b, v in enumerate(used):
             m.AddHint(v, b in greedy[1])
@@ -487,16 +477,6 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
                        used_bins, assign, unplaceable)
 
 
-def _fits_template(pod: PodDemand, b: _Bin) -> bool:
-    if pod.cpu_milli > b.cpu or pod.memory_mib > b.mem:
-        return False
-    if pod.gpus and pod.allowed_models and b.model not in pod.allowed_models:
-        return False
-    if pod.mig_profile:
-        return b.mig_free.get(pod.mig_profile, 0) > 0
-    return sum(1 for left in b.gpu_left if left >= pod.gpu_milli) >= pod.gpus
-
-
 def _scale_plan(status, obj, bound, t0, bins, used_bins, assign, unplaceable, notes=()):
     import time
 
@@ -510,37 +490,16 @@ def _scale_plan(status, obj, bound, t0, bins, used_bins, assign, unplaceable, no
                        assignments=[(bins[b].group, ordinal[b]) for b in assign], unplaceable=unplaceable)
 
 
-def _greedy_new_nodes(pods: Sequence[PodDemand], bins: Sequence[_Bin]):
-    """First-fit decreasing onto open bins; a new bin is opened from the group with the lowest price per fitting pod."""
-    free = [(_Bin(b.cpu, b.mem, list(b.gpu_left), b.model, b.blocks, dict(b.mig_free), group=b.group, cost=b.cost))
-            for b in bins]
-    opened: list[int] = []
+def _greedy_new_nodes(pods: Sequence[PodDemand], bins: Sequence[_Bin], specs: Sequence[NodeSpec]):
+    """First-fit decreasing onto the new nodes in price order (within a group in ordinal order, which keeps the
+    planner's symmetry rule): (bin per pod, bins used), or None when some pod fits none."""
+    order = sorted(range(len(bins)), key=lambda b: (bins[b].cost, b))
+    state = ClusterState([specs[b] for b in order])
+    placer = Placer(state, FirstFitPolicy(state))
     assign = [-1] * len(pods)
-    order = sorted(range(len(pods)), key=lambda i: (-pods[i].total_gpu_milli, -pods[i].cpu_milli))
-
-    def take(b, pod):
-        bn = free[b]
-        bn.cpu -= pod.cpu_milli
-        bn.mem -= pod.memory_mib
-        if pod.mig_profile:
-            bn.mig_free[pod.mig_profile] -= 1
-        else:
-            need = pod.gpus
-            for g in sorted(range(len(bn.gpu_left)), key=lambda g: bn.gpu_left[g]):
-                if need and bn.gpu_left[g] >= pod.gpu_milli:
-                    bn.gpu_left[g] -= pod.gpu_milli
-                    need -= 1
-
-    for i in order:
-        pod = pods[i]
-        b = next((b for b in opened if _fits_template(pod, free[b])), None)
-        if b is None:
-            cands = [b for b in range(len(bins)) if b not in opened and _fits_template(pod, free[b])]
-            if not cands:
-                return None
-            # cheapest group first; within a group the lowest ordinal (symmetry rule)
-            b = min(cands, key=lambda b: (free[b].cost, b))
-            opened.append(b)
-        take(b, pod)
-        assign[i] = b
-    return assign, set(opened)
+    for i in sorted(range(len(pods)), key=lambda i: (-pods[i].total_gpu_milli, -pods[i].cpu_milli)):
+        choice = placer.place(pods[i])
+        if choice is None:
+            return None
+        assign[i] = order[choice.node]
+    return assign, set(assign)

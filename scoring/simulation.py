@@ -20,7 +20,8 @@ import numpy as np
 
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.model import ClusterState, NodeSpec, PodDemand
-from scoring.policies import feasible, make_policy, select_node
+from scoring.placement import Placer
+from scoring.policies import make_policy
 
 ARRIVED_POINTS = range(0, 131)
 
@@ -124,22 +125,21 @@ def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str,
     node_of = np.full(n, -1, dtype=np.int64)
     arrived_total = used_total = failed = 0
     frag_total, idle_total = metric.cluster_fragmentation()
+    placer = Placer(state, chooser, tie_rank)
     start = time.perf_counter()
     for i, pod in enumerate(pods):
         t0 = time.perf_counter()
-        mask = feasible(state, pod)
-        node = select_node(chooser.score(state, pod, mask), mask, tie_rank) if mask.any() else -1
-        gpus = chooser.devices(state, pod, node) if node >= 0 else ()
+        choice = placer.choose(pod)
         decide[i] = time.perf_counter() - t0
         arrived_total += pod.total_gpu_milli
-        if node < 0:
+        node = choice.node if choice is not None else -1
+        if choice is None:
             failed += 1
         else:
             before_frag, before_idle = metric.frag[node], metric.idle[node]
             if on_place is not None:
-                on_place(state, node, pod, gpus)
-            state.place(node, pod, gpus)
-            chooser.observe(node)
+                on_place(state, node, pod, choice.devices)
+            placer.commit(pod, choice)
             if metric is not getattr(chooser, "index", None):
                 metric.refresh([node])
             used_total += pod.total_gpu_milli

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from scoring.constraints import Placement, allows
+from scoring.constraints import NodeConstraints, allows
 from nodescaler.scaleout import plan_scale_out
 from nodescaler.snapshot import build_snapshot
 
@@ -12,8 +12,8 @@ from .builders import A100X8, T0, config, pending
 LABELS = {"gpuaas.io/pool": "a", "zone": "z1", "gpus": "8"}
 
 
-def placement(**spec) -> Placement:
-    return Placement.of({"spec": spec})
+def constraints(**spec) -> NodeConstraints:
+    return NodeConstraints.of({"spec": spec})
 
 
 def aff(*exprs):
@@ -37,7 +37,7 @@ def aff(*exprs):
     ({}, (("gpuaas.io/draining", "d1", "NoSchedule"),), True),  # cordons are handled apart
 ])
 def test_allows(spec, taints, ok):
-    assert allows(placement(**spec), LABELS, taints) is ok
+    assert allows(constraints(**spec), LABELS, taints) is ok
 
 
 def test_a_pod_selecting_a_group_by_label_grows_that_group_even_if_another_is_cheaper():
