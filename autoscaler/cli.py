@@ -73,17 +73,18 @@ def cmd_autoscaler(args: argparse.Namespace) -> int:
         return 2
     if args.once:
         elector = service.elector
-        try:
-            acquired = elector is None or elector.acquire_once()
-        except ApiException as exc:
-            print(f"gpuaas autoscaler: cannot take lease {elector.namespace}/{elector.name}: {exc.status} "
-                  f"{exc.reason}: {_api_message(exc)}", file=sys.stderr)
-            return 1
-        if not acquired:
-            holder = elector.observed.holder if elector.observed else None
-            print(f"gpuaas autoscaler: lease {elector.namespace}/{elector.name} is held by {holder}: another replica "
-                  "is scaling these targets; not syncing", file=sys.stderr)
-            return 1
+        if elector is not None:
+            try:
+                acquired = elector.acquire_once()
+            except ApiException as exc:
+                print(f"gpuaas autoscaler: cannot take lease {elector.namespace}/{elector.name}: {exc.status} "
+                      f"{exc.reason}: {_api_message(exc)}", file=sys.stderr)
+                return 1
+            if not acquired:
+                holder = elector.observed.holder if elector.observed else None
+                print(f"gpuaas autoscaler: lease {elector.namespace}/{elector.name} is held by {holder}: another "
+                      "replica is scaling these targets; not syncing", file=sys.stderr)
+                return 1
         try:
             for key, d in service.controller.sync_once().items():
                 print(f"{key}: {d.desired} ({d.reason}) {d.message}")

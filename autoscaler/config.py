@@ -149,6 +149,13 @@ class Target(Strict):
                                deployment=escape_label_value(self.deployment),
                                pods=escape_label_value(regex_alternation(pods)), **self.windows.model_dump())
 
+    def required_query(self, name: str, pods: list[str]) -> str:
+        """One of REQUIRED_QUERIES, which the config does not let be switched off."""
+        q = self.query(name, pods)
+        if q is None:
+            raise ValueError(f"target {self.key}: query {name} is required and may not be empty")
+        return q
+
     def policy_config(self, sync_period_s: float) -> QueueDepthConfig:
         return QueueDepthConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
                                 concurrency=self.concurrency, cold_start_s=self.cold_start_s, beta=self.beta,

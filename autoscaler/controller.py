@@ -46,7 +46,7 @@ def gather_signals(prom: Querier, target: Target, pods: list[str]) -> tuple[Sign
     their field empty; NaN in a pod's queue depth makes that pod missing and is reported."""
     notes: list[str] = []
     try:
-        q = target.query("queue_per_pod", pods)
+        q = target.required_query("queue_per_pod", pods)
         queue: dict[str, float] = {}
         for s in prom.query(q):
             pod = s.labels.get("pod")
@@ -56,7 +56,7 @@ def gather_signals(prom: Querier, target: Target, pods: list[str]) -> tuple[Sign
                 notes.append(f"queue depth of pod {pod} is {s.value}")
                 continue
             queue[pod] = s.value
-        arrival = prom.scalar(target.query("arrival_rate", pods))
+        arrival = prom.scalar(target.required_query("arrival_rate", pods))
     except PrometheusUnavailable as exc:
         return None, str(exc)
     except (NoData, BadQuery) as exc:
@@ -190,19 +190,8 @@ class Controller:
         self.first_acting_sync_at: float | None = None  # wall time; the service resets it when the lease changes hands
 
     def validate(self) -> None:
-        """Run every configured query once; a query Prometheus rejects, or a Prometheus that cannot be reached, is a
-        ConfigError naming the target and the query."""
-        for t in self.config.targets:
-            for name in ("queue_per_pod", "gateway_waiting", "arrival_rate", "arrival_rate_short", "service_time"):
-                q = t.query(name, [f"{t.deployment}-validate"])
-                if q is None:
-                    continue
-                try:
-                    self.prom.query(q)
-                except BadQuery as exc:
-                    raise ConfigError(f"target {t.key}: query {name}: {exc}") from None
-                except PrometheusUnavailable as exc:
-                    raise ConfigError(f"cannot validate the queries of target {t.key}: {exc}") from None
+        """Run every configured query once (`validate_queries`)."""
+        validate_queries(self.config, self.prom)
 
     def sync_once(self) -> dict[str, Decision]:
         out = {}
@@ -303,6 +292,22 @@ class Controller:
                 wake.clear()
 
 
+def validate_queries(config: AutoscalerConfig, prom: Querier) -> None:
+    """Run every configured query once; a query Prometheus rejects, or a Prometheus that cannot be reached, is a
+    ConfigError naming the target and the query. Touches no Kubernetes."""
+    for t in config.targets:
+        for name in ("queue_per_pod", "gateway_waiting", "arrival_rate", "arrival_rate_short", "service_time"):
+            q = t.query(name, [f"{t.deployment}-validate"])
+            if q is None:
+                continue
+            try:
+                prom.query(q)
+            except BadQuery as exc:
+                raise ConfigError(f"target {t.key}: query {name}: {exc}") from None
+            except PrometheusUnavailable as exc:
+                raise ConfigError(f"cannot validate the queries of target {t.key}: {exc}") from None
+
+
 def kube_api(kubeconfig: str | None = None):
     """The ApiClient for `kubeconfig`; a kubeconfig that cannot be loaded is a ConfigError."""
     from kubernetes.config import ConfigException
@@ -320,7 +325,7 @@ def build(config: AutoscalerConfig, kubeconfig: str | None = None, *, api=None, 
     """A controller wired to a real Prometheus and Kubernetes. The queries are validated first, then the kubeconfig
     is loaded; either failing is a ConfigError."""
     prom = Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s)
-    Controller(config, prom, targets=None).validate()  # type: ignore[arg-type]  (validation does not touch Kubernetes)
+    validate_queries(config, prom)
     api = api if api is not None else kube_api(kubeconfig)
     return Controller(config, prom, KubeTargets(api, instance=instance, request_timeout=request_timeout),
                       may_act=may_act)

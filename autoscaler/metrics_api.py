@@ -36,6 +36,7 @@ from runtime.authz import (
     USER_HEADER,
     Attributes,
     Authorizer,
+    Reviewer,
     ReviewFailed,
     forbidden_message,
     request_attributes,
@@ -258,7 +259,8 @@ def _now() -> str:
 
 BACKEND = web.AppKey("backend", Backend)
 ALLOWED = web.AppKey("allowed", frozenset)
-AUTHORIZER = web.AppKey("authorizer", object)  # an Authorizer, or None: no per-user authorization
+# An Authorizer, or None: no per-user authorization.
+AUTHORIZER: web.AppKey[Authorizer[Reviewer] | None] = web.AppKey("authorizer")
 METRIC_ROUTE = "metric"
 METRIC_REQUEST = web.RequestKey("metric_request", MetricRequest)  # set by the middleware on METRIC_ROUTE
 
@@ -269,7 +271,7 @@ def _peer_name(request: web.Request) -> str | None:
     return user.name if user is not None else None
 
 
-async def _authorize(request: web.Request, authorizer: Authorizer) -> None:
+async def _authorize(request: web.Request, authorizer: Authorizer[Reviewer]) -> None:
     """The user the aggregator vouches for may make this request, or ApiError. Only called once the client
     certificate proved the caller is the aggregator: before that, X-Remote-* headers mean nothing."""
     user = user_from_headers(request.headers)
@@ -303,8 +305,9 @@ async def _serve(request: web.Request, handler) -> web.StreamResponse:
                 raise ApiError(403, "Forbidden", f"client certificate {name!r} is not an allowed requestheader client")
             if request.match_info.route.name == METRIC_ROUTE:
                 request[METRIC_REQUEST] = metric_request(request.match_info)
-            if request.app[AUTHORIZER] is not None:
-                await _authorize(request, request.app[AUTHORIZER])
+            authorizer = request.app[AUTHORIZER]
+            if authorizer is not None:
+                await _authorize(request, authorizer)
         return await handler(request)
     except ApiError as exc:
         return web.json_response(status(exc.code, exc.reason, exc.message, exc.details), status=exc.code)
@@ -355,7 +358,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def init_app(backend: Backend, allowed_client_names: list[str],
-             authorizer: Authorizer | None = None) -> web.Application:
+             authorizer: Authorizer[Reviewer] | None = None) -> web.Application:
     """The app; without `authorizer` any user the aggregator lets through may read every metric (the CLI always
     passes one unless `authorization.enabled: false`)."""
     app = web.Application(middlewares=[_serve])
@@ -385,16 +388,16 @@ class MetricsApiServer:
                  ssl_context: ssl.SSLContext):
         self.app, self.host, self.port, self.ssl_context = app, host, port, ssl_context
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
 
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
+    async def _start(self) -> web.AppRunner:
+        runner = web.AppRunner(self.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context)
         await site.start()
         if self.port == 0:
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.port = runner.addresses[0][1]
+        return runner
 
     def start(self) -> MetricsApiServer:
         started = threading.Event()
@@ -404,14 +407,14 @@ class MetricsApiServer:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
             try:
-                self._loop.run_until_complete(self._start())
+                runner = self._loop.run_until_complete(self._start())
             except BaseException as exc:
                 errors.append(exc)
                 started.set()
                 return
             started.set()
             self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.run_until_complete(runner.cleanup())
             self._loop.close()
 
         self._thread = threading.Thread(target=main, daemon=True, name="metrics-api")

@@ -89,7 +89,11 @@ class AutoscalerService:
             election = threading.Thread(target=self.elector.run, args=(election_stop,), name="leader-election",
                                         daemon=True)
             election.start()
-        threading.Thread(target=lambda: (stop.wait(), self.wake.set()), daemon=True).start()
+        def wake_on_stop() -> None:
+            stop.wait()
+            self.wake.set()
+
+        threading.Thread(target=wake_on_stop, daemon=True).start()
         try:
             self.controller.run(stop, self.wake)
         finally:

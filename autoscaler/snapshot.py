@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Snapshot:
         return frozenset(p for p in self.pods if p not in reported and p not in self.pending_pods)
 
 
-def finite(x: float | None) -> bool:
+def finite(x: float | None) -> TypeGuard[float]:
     return x is not None and not math.isnan(x) and not math.isinf(x)
 
 

@@ -66,7 +66,7 @@ class Callers:
     only certificates authenticate."""
     scheduler_names: frozenset[str]
     reviewer: AsyncReviewer | None = None
-    authorizer: Authorizer | None = None
+    authorizer: Authorizer[AsyncReviewer] | None = None
     tokens: TokenCache | None = None
 
     @classmethod
@@ -74,7 +74,7 @@ class Callers:
         if reviewer is None:
             return cls(frozenset(client_names))
         return cls(frozenset(client_names), reviewer,
-                   Authorizer(reviewer, allow_ttl_s=ttl_s, deny_ttl_s=ttl_s),  # type: ignore[arg-type]
+                   Authorizer(reviewer, allow_ttl_s=ttl_s, deny_ttl_s=ttl_s),
                    TokenCache(ttl_s=ttl_s))
 
     async def user_of_token(self, token: str) -> User | None:

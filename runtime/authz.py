@@ -31,10 +31,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote
 
-USER_HEADER, UID_HEADER, GROUP_HEADER, EXTRA_PREFIX = "X-Remote-User", "X-Remote-Uid", "X-Remote-Group", "X-Remote-Extra-"
+USER_HEADER, UID_HEADER, GROUP_HEADER = "X-Remote-User", "X-Remote-Uid", "X-Remote-Group"
+EXTRA_PREFIX = "X-Remote-Extra-"
 ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED = "system:anonymous", "system:authenticated", "system:unauthenticated"
 SPECIAL_VERBS = {"proxy", "watch"}  # RequestInfoFactory's
 SPECIAL_VERBS_NO_SUBRESOURCES = {"proxy"}
@@ -50,7 +51,7 @@ class User:
     extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # sorted (key, values): hashable, a cache key
 
 
-def user_from_headers(headers: Mapping[str, str] | object) -> User | None:
+def user_from_headers(headers: Mapping[str, str]) -> User | None:
     """The user the aggregator authenticated, from its request headers (k8s.io/apiserver's requestheader
     authenticator); None without a user name. `headers` is a multidict (aiohttp's: `getall`) or a plain mapping."""
     getall = getattr(headers, "getall", None)
@@ -58,13 +59,13 @@ def user_from_headers(headers: Mapping[str, str] | object) -> User | None:
     def values(name: str) -> list[str]:
         if getall is not None:
             return list(getall(name, []))
-        return [v for k, v in headers.items() if k.lower() == name.lower()]  # type: ignore[union-attr]
+        return [v for k, v in headers.items() if k.lower() == name.lower()]
 
     names = [v for v in values(USER_HEADER) if v]
     if not names:
         return None
     extra: dict[str, list[str]] = {}
-    for key in headers.keys():  # type: ignore[union-attr]
+    for key in headers:
         if key.lower().startswith(EXTRA_PREFIX.lower()):
             name = unquote(key[len(EXTRA_PREFIX):]).lower()
             if name not in extra:
@@ -122,11 +123,10 @@ def request_attributes(method: str, path: str, query_string: str = "") -> Attrib
     else:
         verb = METHOD_VERBS.get(method.upper(), "")
     namespace = ""
-    if parts[0] == "namespaces":
-        if len(parts) > 1:
-            namespace = parts[1]
-            if len(parts) > 2 and parts[2] not in NAMESPACE_SUBRESOURCES:
-                parts = parts[2:]
+    if parts[0] == "namespaces" and len(parts) > 1:
+        namespace = parts[1]
+        if len(parts) > 2 and parts[2] not in NAMESPACE_SUBRESOURCES:
+            parts = parts[2:]
     resource = parts[0]
     name = parts[1] if len(parts) >= 2 else ""
     subresource = parts[2] if len(parts) >= 3 and verb not in SPECIAL_VERBS_NO_SUBRESOURCES else ""
@@ -189,7 +189,8 @@ class DecisionCache:
     """Decisions for (user, attributes), each kept for its TTL, at most `size` of them (least recently used go
     first). Thread-safe: the server asks from its executor's threads."""
 
-    def __init__(self, *, allow_ttl_s: float, deny_ttl_s: float, size: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, allow_ttl_s: float, deny_ttl_s: float, size: int,
+                 clock: Callable[[], float] = time.monotonic):
         self.allow_ttl_s, self.deny_ttl_s, self.size, self.clock = allow_ttl_s, deny_ttl_s, size, clock
         self._entries: OrderedDict[tuple[User, Attributes], tuple[float, Decision]] = OrderedDict()
         self._lock = threading.Lock()
@@ -233,9 +234,15 @@ class Reviewer(Protocol):
         """Create the SubjectAccessReview `body`; return its status ({allowed, denied, reason, evaluationError})."""
 
 
-class Authorizer:
-    def __init__(self, reviewer: Reviewer, *, allow_ttl_s: float = 10.0, deny_ttl_s: float = 10.0, size: int = 8192,
-                 always_allow_groups: tuple[str, ...] = ("system:masters",), clock: Callable[[], float] = time.monotonic):
+# The reviewer an Authorizer asks: a Reviewer for `authorize` (blocking), an AsyncReviewer for `authorize_async`
+# (covariant: an Authorizer of a KubeAccessReviewer is an Authorizer of a Reviewer).
+ReviewerT = TypeVar("ReviewerT", bound="Reviewer | AsyncReviewer", covariant=True)
+
+
+class Authorizer(Generic[ReviewerT]):
+    def __init__(self, reviewer: ReviewerT, *, allow_ttl_s: float = 10.0, deny_ttl_s: float = 10.0, size: int = 8192,
+                 always_allow_groups: tuple[str, ...] = ("system:masters",),
+                 clock: Callable[[], float] = time.monotonic):
         self.reviewer = reviewer
         self.always_allow_groups = frozenset(always_allow_groups)
         self.cache = DecisionCache(allow_ttl_s=allow_ttl_s, deny_ttl_s=deny_ttl_s, size=size, clock=clock)
@@ -250,17 +257,19 @@ class Authorizer:
         self.cache.put(user, attrs, decision)
         return decision
 
-    def authorize(self, user: User, attrs: Attributes) -> Decision:
+    def authorize(self: Authorizer[Reviewer], user: User, attrs: Attributes) -> Decision:
         """Blocking on a cache miss (run it in an executor). Raises ReviewFailed; failures are not cached."""
         known = self._known(user, attrs)
-        return known if known is not None else self._learn(user, attrs, self.reviewer.review(access_review(user, attrs)))
+        if known is not None:
+            return known
+        return self._learn(user, attrs, self.reviewer.review(access_review(user, attrs)))
 
-    async def authorize_async(self, user: User, attrs: Attributes) -> Decision:
+    async def authorize_async(self: Authorizer[AsyncReviewer], user: User, attrs: Attributes) -> Decision:
         """The same, for an event loop: the reviewer is an AsyncReviewer."""
         known = self._known(user, attrs)
         if known is not None:
             return known
-        return self._learn(user, attrs, await self.reviewer.review_async(access_review(user, attrs)))  # type: ignore[attr-defined]
+        return self._learn(user, attrs, await self.reviewer.review_async(access_review(user, attrs)))
 
 
 class KubeAccessReviewer:

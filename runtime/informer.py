@@ -169,6 +169,8 @@ class Informer:
 
     def _notify(self, old: Obj | None, new: Obj | None) -> None:
         # A handler's bug concerns one object: log it with its traceback and keep the watch, rather than relisting.
+        if self.on_change is None:
+            return
         try:
             self.on_change(self.kind, old, new)
         except Exception:

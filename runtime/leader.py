@@ -240,8 +240,10 @@ class LeaderElector:
         leading = renewed_at is not None
         due = next_attempt(leading=leading, observed=observed, identity=self.identity, last_attempt=self.last_attempt,
                            watching=self.watching, timings=self.timings)
-        if leading:  # should renewals keep failing, try once more at the deadline (and announce the loss then)
-            deadline = renewed_at + self.timings.renew_deadline_s  # type: ignore[operator]
+        # Leading (renewed_at set): should renewals keep failing, try once more at the deadline (and announce the loss
+        # then).
+        if renewed_at is not None:
+            deadline = renewed_at + self.timings.renew_deadline_s
             if self.last_attempt is None or deadline > self.last_attempt:
                 due = min(due, deadline)
         return due
@@ -345,8 +347,11 @@ class LeaderElector:
 
     def run(self, stop: threading.Event) -> None:
         """Acquire and renew until `stop`, watching the Lease meanwhile; then release."""
-        threading.Thread(target=lambda: (stop.wait(), self._wake.set()), name="leader-election-stop",
-                         daemon=True).start()
+        def wake_on_stop() -> None:
+            stop.wait()
+            self._wake.set()
+
+        threading.Thread(target=wake_on_stop, name="leader-election-stop", daemon=True).start()
         if self.use_watch:
             threading.Thread(target=self._watch, args=(stop,), name="leader-election-watch", daemon=True).start()
         while not stop.is_set():
