@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoring.clusterview import ClusterView
-from scoring.constraints import NodeConstraints, Taint, node_taints
+from scoring.constraints import Expr, NodeConstraints, Taint, matches, node_taints
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
 from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, MIG_CONFIG_LABEL, MIG_STATE_LABEL, POOL_LABEL,
                                  PRODUCT_LABEL, ObjectError, parse_quantity, pod_demand, pod_key, requests_gpu)
@@ -136,21 +136,11 @@ class PdbInfo:
     key: str
     namespace: str
     match_labels: Mapping[str, str]
-    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...]
+    match_expressions: tuple[Expr, ...]
     disruptions_allowed: int
 
     def selects(self, pod: PodInfo) -> bool:
-        if pod.namespace != self.namespace:
-            return False
-        if any(pod.labels.get(k) != v for k, v in self.match_labels.items()):
-            return False
-        for key, op, values in self.match_expressions:
-            have = pod.labels.get(key)
-            if op == "In" and have not in values or op == "NotIn" and have in values:
-                return False
-            if op == "Exists" and key not in pod.labels or op == "DoesNotExist" and key in pod.labels:
-                return False
-        return True
+        return pod.namespace == self.namespace and matches(self.match_labels, self.match_expressions, pod.labels)
 
 
 @dataclass

@@ -46,6 +46,13 @@ IGNORED_TAINTS = ("node.kubernetes.io/unschedulable", "node.kubernetes.io/not-re
                   "node.cloudprovider.kubernetes.io/uninitialized", "gpuaas.io/draining")
 
 
+def matches(match_labels: Mapping[str, str], expressions: Sequence[Expr], labels: Mapping[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions, ANDed) against labels: the one matcher, for a PDB's pod
+    selector as for a node selector term."""
+    return (all(labels.get(k) == v for k, v in match_labels.items())
+            and all(_expr_ok(e, labels) for e in expressions))
+
+
 def _expr_ok(expr: Expr, labels: Mapping[str, str]) -> bool:
     key, op, values = expr
     have = labels.get(key)
@@ -87,11 +94,11 @@ def allows(p: NodeConstraints, labels: Mapping[str, str], taints: Sequence[Taint
 def refusal(p: NodeConstraints, labels: Mapping[str, str], taints: Sequence[Taint], *,
             ignored_taints: Sequence[str] = IGNORED_TAINTS, node_name: str | None = None) -> str | None:
     """Why the scheduler's NodeAffinity or TaintToleration filter refuses the node, in its own words; None if not."""
-    if any(labels.get(k) != v for k, v in p.node_selector):
+    if not matches(dict(p.node_selector), (), labels):
         return "node(s) didn't match Pod's node affinity/selector"
     if p.affinity:
         fields = {**labels, FIELD_PREFIX + "metadata.name": node_name} if node_name is not None else labels
-        if not any(all(_expr_ok(e, fields) for e in term) for term in p.affinity):
+        if not any(matches({}, term, fields) for term in p.affinity):
             return "node(s) didn't match Pod's node affinity/selector"
     for t in taints:
         if t[2] in ("NoSchedule", "NoExecute") and t[0] not in ignored_taints and not _tolerated(t, p.tolerations):

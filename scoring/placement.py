@@ -2,8 +2,9 @@
 -> select (highest score, ties to a fixed node order) -> devices (the policy's choice on that node) -> place -> observe.
 
 The packing simulator, the planner's greedy paths, the node scaler's what-if and the benchmarks place pods through a
-`Placer`; the extender's prioritize picks its node with the same `choose_node` (`scoring.verdicts.prioritize`), so a
-change to filtering, scoring or tie-breaking reaches every one of them. Pure: it changes only the state it is given.
+`Placer`; the extender's prioritize (`scoring.verdicts.prioritize`, which also needs every node's score) applies the
+same `feasible`, policy score and `select_node` over the same node order, and tests/test_agreement.py checks that both
+pick the same node. Pure: it changes only the state it is given.
 """
 from __future__ import annotations
 
