@@ -13,8 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scoring.names import dns1123_label, dns1123_subdomain
-
-MAX_EXTENDER_PRIORITY = 10
+from scoring.policies import MAX_EXTENDER_PRIORITY
 
 
 class _Wire(BaseModel):
