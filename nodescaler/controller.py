@@ -41,7 +41,7 @@ from .metrics import Metrics
 from .provider import NodeNotFound, Provider, ProviderError
 from .scalein import Round, must_move, plan_scale_in, update_unneeded, update_unready
 from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
-from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, DrainRecord, Snapshot, in_service, pod_info
+from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, DrainRecord, ClusterSnapshot, in_service, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
 COMPONENT = "gpuaas-nodescaler"
@@ -66,7 +66,7 @@ class Memory:
 
 
 @dataclass
-class Decision:
+class ReconcilePlan:
     drains: list[DrainAction] = field(default_factory=list)
     failed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (node, group) never became GPU-ready
     expired: list[Upcoming] = field(default_factory=list)  # asked for, never registered
@@ -77,9 +77,9 @@ class Decision:
     seen_ready: list[str] = field(default_factory=list)  # GPU-ready, not annotated so yet: annotate them
 
 
-def decide(snap: Snapshot, memory: Memory, config: NodeScalerConfig) -> Decision:
+def decide(snap: ClusterSnapshot, memory: Memory, config: NodeScalerConfig) -> ReconcilePlan:
     """Everything one reconcile will do, from the snapshot and the memory alone."""
-    d = Decision()
+    d = ReconcilePlan()
     now = snap.now
     for n in sorted(snap.nodes.values(), key=lambda n: n.name):
         if n.drain is not None:
@@ -250,7 +250,7 @@ class Report:
 
 
 class NodeScaler:
-    def __init__(self, config: NodeScalerConfig, snapshot: Callable[[float], Snapshot], cluster: Cluster,
+    def __init__(self, config: NodeScalerConfig, snapshot: Callable[[float], ClusterSnapshot], cluster: Cluster,
                  provider: Provider, *, metrics: Metrics | None = None, may_act: Callable[[], bool] = lambda: True,
                  wall: Callable[[], float] = time.time):
         self.config = config
@@ -286,12 +286,12 @@ class NodeScaler:
         self._acting.release()
         return True
 
-    def run_once(self, now: float, snap: Snapshot | None = None) -> Report:
+    def run_once(self, now: float, snap: ClusterSnapshot | None = None) -> Report:
         """One reconcile at `now` (epoch seconds) on `snap`, or on a snapshot taken now."""
         with self._acting:
             return self._run_once(now, snap)
 
-    def _run_once(self, now: float, snap: Snapshot | None) -> Report:
+    def _run_once(self, now: float, snap: ClusterSnapshot | None) -> Report:
         t0 = time.perf_counter()
         snap = self.snapshot(now) if snap is None else snap
         decision = decide(snap, self.memory, self.config)
@@ -324,7 +324,7 @@ class NodeScaler:
         return report
 
     # -- drains in progress ------------------------------------------------------------------------------------------
-    def _drains(self, snap: Snapshot, d: Decision, report: Report) -> None:
+    def _drains(self, snap: ClusterSnapshot, d: ReconcilePlan, report: Report) -> None:
         for action in d.drains:
             if isinstance(action, Evict):
                 self._evict(action, report)
@@ -408,7 +408,7 @@ class NodeScaler:
             self._event(node_ref(node), "Warning", "DrainRolledBack", f"drain rolled back: {why}")
 
     # -- nodes that never came up ------------------------------------------------------------------------------------
-    def _failed(self, d: Decision, report: Report) -> None:
+    def _failed(self, d: ReconcilePlan, report: Report) -> None:
         now = self.wall()
         groups = {g for _, g in d.failed_nodes} | {u.group for u in d.expired}
         for g in groups:
@@ -426,7 +426,7 @@ class NodeScaler:
             self._delete_if_empty(node, group, "provisioning-failed", report)
 
     # -- scale-out ---------------------------------------------------------------------------------------------------
-    def _scale_out(self, snap: Snapshot, plan: ScaleOutPlan, report: Report) -> None:
+    def _scale_out(self, snap: ClusterSnapshot, plan: ScaleOutPlan, report: Report) -> None:
         since = {p.key: p.unschedulable_since for p in snap.pending}
         for g in plan.grows:
             group = self.config.group(g.group)
@@ -488,7 +488,7 @@ class NodeScaler:
                                f"{len(m.pods)} pending pods")
 
     # -- scale-in ----------------------------------------------------------------------------------------------------
-    def _scale_in(self, snap: Snapshot, r: Round, report: Report) -> None:
+    def _scale_in(self, snap: ClusterSnapshot, r: Round, report: Report) -> None:
         for cmd in r.commands:
             obj = self.cluster.get_node(cmd.node)
             if obj is None:
@@ -510,7 +510,7 @@ class NodeScaler:
             self._event(node_ref(cmd.node), "Normal", "ScaleDown",
                                f"draining node {cmd.node} (drain {record.id}): {record.reason}")
 
-    def _gauges(self, snap: Snapshot) -> None:
+    def _gauges(self, snap: ClusterSnapshot) -> None:
         self.metrics.pending.set(len(snap.pending))
         for g in self.config.groups:
             nodes = snap.group_nodes(g.name)

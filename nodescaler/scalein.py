@@ -25,7 +25,7 @@ from scoring.fit import feasible
 
 from .config import NodeScalerConfig
 from .scaleout import block_rows, place_greedy, snapshot_rows, unavailable_rows
-from .snapshot import NodeInfo, PdbInfo, PodInfo, Snapshot, in_service
+from .snapshot import NodeInfo, PdbInfo, PodInfo, ClusterSnapshot, in_service
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def eviction_blocker(pod: PodInfo, pdbs: Sequence[PdbInfo], *, check_budget: boo
     return None
 
 
-def gpu_utilization(snap: Snapshot, node: str) -> float | None:
+def gpu_utilization(snap: ClusterSnapshot, node: str) -> float | None:
     """GPU share in use on the node, 0..1 (MIG instances count their compute slices); None if not modelled."""
     row = snap.state.index.get(node)
     if row is None or not snap.state.gpu_count[row]:
@@ -74,7 +74,7 @@ def gpu_utilization(snap: Snapshot, node: str) -> float | None:
     return (total - idle) / total
 
 
-def update_unneeded(previous: Mapping[str, float], snap: Snapshot, config: NodeScalerConfig) -> dict[str, float]:
+def update_unneeded(previous: Mapping[str, float], snap: ClusterSnapshot, config: NodeScalerConfig) -> dict[str, float]:
     """Since when each node has been below the threshold (kept while it stays there, dropped when it rises)."""
     out = {}
     for n in snap.nodes.values():
@@ -86,7 +86,7 @@ def update_unneeded(previous: Mapping[str, float], snap: Snapshot, config: NodeS
     return out
 
 
-def update_unready(previous: Mapping[str, float], snap: Snapshot, config: NodeScalerConfig) -> dict[str, float]:
+def update_unready(previous: Mapping[str, float], snap: ClusterSnapshot, config: NodeScalerConfig) -> dict[str, float]:
     """Since when each node in service has been unready (NotReady or no GPUs allocatable), continuously; dropped as
     soon as it is GPU-ready again. Nodes whose MIG layout is being changed are not counted (their GPUs come back when
     the MIG manager is done), nor nodes being drained."""
@@ -103,7 +103,7 @@ def update_unready(previous: Mapping[str, float], snap: Snapshot, config: NodeSc
 class Round:
     """What one scale-in round has decided so far: methods see the drains already chosen."""
 
-    snap: Snapshot
+    snap: ClusterSnapshot
     config: NodeScalerConfig
     unneeded: Mapping[str, float]
     group_left: dict[str, int]  # how many more nodes each group may lose before min_size
@@ -282,7 +282,7 @@ METHODS: tuple[Method, ...] = (
 )
 
 
-def plan_scale_in(snap: Snapshot, config: NodeScalerConfig, unneeded: Mapping[str, float],
+def plan_scale_in(snap: ClusterSnapshot, config: NodeScalerConfig, unneeded: Mapping[str, float],
                   methods: Sequence[Method] = METHODS, unready: Mapping[str, float] | None = None) -> Round:
     draining = sum(1 for n in snap.nodes.values() if n.drain is not None)
     group_left = {}

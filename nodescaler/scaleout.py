@@ -29,7 +29,7 @@ from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
 from scoring.policies import make_policy, mig_gpu_first_fit
 
 from .config import NodeGroupConfig, NodeScalerConfig
-from .snapshot import NodeInfo, PodInfo, Snapshot, in_service
+from .snapshot import NodeInfo, PodInfo, ClusterSnapshot, in_service
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def block_rows(state: ClusterState, rows: Iterable[int]) -> None:
 Rows = Sequence[tuple[Mapping[str, str], tuple]]  # (labels, taints) per model row
 
 
-def snapshot_rows(snap: Snapshot, state: ClusterState) -> list[tuple[Mapping[str, str], tuple]]:
+def snapshot_rows(snap: ClusterSnapshot, state: ClusterState) -> list[tuple[Mapping[str, str], tuple]]:
     return [(snap.nodes[n].labels, snap.nodes[n].taints) if n in snap.nodes else ({}, ()) for n in state.names]
 
 
@@ -130,7 +130,7 @@ def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
                     mig_layouts=(layout or None,) * node.gpus if layout else None, node_group=node.group)
 
 
-def upcoming_specs(snap: Snapshot, config: NodeScalerConfig,
+def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig,
                    requested: Iterable[Upcoming]) -> tuple[list[NodeSpec], list[tuple[Mapping[str, str], tuple]]]:
     """Capacity on its way, with each node's (labels, taints): booting nodes of managed groups (as their template),
     nodes asked for and not yet seen, and nodes in the middle of a MIG repartition (as their new layout). A node in
@@ -160,7 +160,7 @@ def upcoming_specs(snap: Snapshot, config: NodeScalerConfig,
     return specs, rows
 
 
-def unavailable_rows(snap: Snapshot) -> list[int]:
+def unavailable_rows(snap: ClusterSnapshot) -> list[int]:
     """Rows of the model that take no new pods: cordoned or draining nodes."""
     return [snap.state.index[n.name] for n in snap.nodes.values()
             if (n.unschedulable or n.drain is not None) and n.name in snap.state.index]
@@ -287,13 +287,13 @@ def undominated(groups: list[NodeGroup], pods: Sequence[PodInfo], room: dict[str
     return keep
 
 
-def group_room(snap: Snapshot, group: NodeGroupConfig, requested: Iterable[Upcoming]) -> int:
+def group_room(snap: ClusterSnapshot, group: NodeGroupConfig, requested: Iterable[Upcoming]) -> int:
     seen = len(snap.group_nodes(group.name))
     unseen = sum(1 for u in requested if u.group == group.name and u.name not in snap.nodes)
     return max(0, group.max_size - seen - unseen)
 
 
-def plan_scale_out(snap: Snapshot, config: NodeScalerConfig, *, requested: Sequence[Upcoming] = (),
+def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested: Sequence[Upcoming] = (),
                    backed_off: Iterable[str] = ()) -> ScaleOutPlan:
     out = ScaleOutPlan(time_limit=config.scale_out.planner_time_limit_s)
     cfg = config.scale_out

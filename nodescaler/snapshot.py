@@ -144,7 +144,7 @@ class PdbInfo:
 
 
 @dataclass
-class Snapshot:
+class ClusterSnapshot:
     now: float
     nodes: dict[str, NodeInfo]
     pods: list[PodInfo]
@@ -247,7 +247,7 @@ def pdb_info(pdb: Obj) -> PdbInfo:
 
 
 def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], pdbs: Iterable[Obj], now: float,
-                   policy: str = "gpuaas", view: ClusterView | None = None) -> Snapshot:
+                   policy: str = "gpuaas", view: ClusterView | None = None) -> ClusterSnapshot:
     """Records for every object, and the scoring model of the nodes that can take pods now (Ready, GPUs advertised,
     no MIG repartition under way) with the pods bound to them.
 
@@ -265,5 +265,5 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], pdbs: Iterable[Obj
     state, _ = view.snapshot()
     unreadable = dict(view.bad_nodes)
     unreadable.update({p.key: p.problem for p in pod_infos if p.problem})
-    return Snapshot(now=now, nodes=infos, pods=pod_infos, pdbs=[pdb_info(x) for x in pdbs], state=state.copy(),
+    return ClusterSnapshot(now=now, nodes=infos, pods=pod_infos, pdbs=[pdb_info(x) for x in pdbs], state=state.copy(),
                     unreadable=unreadable, workload=view.workload())
