@@ -6,11 +6,15 @@ turn into GPU-ready nodes within the group's `max_provision_s` backs the group o
 
 KWOK provider. A real GPU node registers first and advertises its GPUs only once the driver and the device plugin are
 up; cluster-autoscaler and Karpenter both stumble on that gap (double scale-ups, autoscaler#1949, karpenter#1459). The
-KWOK provider reproduces it: `grow` creates Node objects at once, rendered from the group's template by the same
-`runtime/pools.node_objects` that renders every KWOK GPU node, but with the GPU resources held back in the
-annotation `gpuaas.io/kwok-gpu-resources` and the time they appear in `gpuaas.io/kwok-gpu-ready-at` (now +
-`provisioning_delay_s`), and the label `gpuaas.io/kwok-gpu-registering`. The harness's node agent (`gpuaas/cluster/migmanager.py`, playing the device plugin and the
-MIG manager) publishes them at that time, so the delay survives a restart of the autoscaler, as a cloud's would.
+KWOK provider reproduces it: `grow` creates Node objects at once, rendered from the group's template by the
+provider-neutral `runtime/pools.node_objects` and made kwok's by `kwok_node`, but with the GPU resources held back in
+the annotation `gpuaas.io/kwok-gpu-resources` and the time they appear in `gpuaas.io/kwok-gpu-ready-at` (now +
+`provisioning_delay_s`), and the label `gpuaas.io/kwok-gpu-registering`. The harness's node agent
+(`gpuaas/cluster/migmanager.py`, playing the device plugin and the MIG manager) publishes them at that time, so the
+delay survives a restart of the node scaler, as a cloud's would.
+
+This module is the one place in the components that knows KWOK: what makes a Node one kwok plays (`kwok_node`, also
+applied by the local cluster harness to its pools' nodes) and the held-GPU protocol with the harness's node agent.
 """
 from __future__ import annotations
 
@@ -25,12 +29,20 @@ from typing import Any, Protocol
 from scoring.gpus import MIG_RESOURCE_PREFIX
 from scoring.kubeobjects import GPU_RESOURCE
 
-from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
-
 from .config import NodeGroupConfig
 
 PROVIDER_LABEL = "gpuaas.io/provisioned-by"
 REQUESTED_AT_ANNOTATION = "gpuaas.io/requested-at"  # when the grow request was made (epoch seconds)
+
+# kwok plays the nodes that carry `kwok.x-k8s.io/node: fake` (the harness starts it with
+# --manage-nodes-with-annotation-selector on this annotation; "paused" makes kwok leave a node alone).
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_TYPE_LABEL = "type"  # `type: kwok`, the label kwok's examples select its nodes by
+# The KWOK provider holds a new node's GPUs back until its provisioning delay has passed; the harness's node agent
+# (gpuaas/cluster/migmanager.py) publishes them then.
+REGISTERING_LABEL = "gpuaas.io/kwok-gpu-registering"  # set by the KWOK provider until the GPUs are published
+GPU_RESOURCES_ANNOTATION = "gpuaas.io/kwok-gpu-resources"  # the GPU resources to publish (JSON)
+GPU_READY_AT_ANNOTATION = "gpuaas.io/kwok-gpu-ready-at"  # when to publish them (epoch seconds)
 
 
 class ProviderError(RuntimeError):
@@ -55,17 +67,28 @@ class Provider(Protocol):
         required."""
 
 
-def render_node(group: NodeGroupConfig, name: str, now: float) -> dict[str, Any]:
-    """The Node object of a new node of `group`, GPUs held back until the provisioning delay has passed."""
-    from runtime.pools import node_objects
+def kwok_node(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` (a provider-neutral Node object of runtime/pools.node_objects) made one kwok plays, in place: the
+    annotation kwok selects its nodes by, the `type: kwok` label (a pool's own `type` label wins), the TTL annotation
+    kwok's nodes carry and a `kwok://<name>` provider ID. Returns `node`."""
+    meta = node["metadata"]
+    meta["labels"] = {KWOK_TYPE_LABEL: "kwok", **meta.get("labels", {})}
+    meta["annotations"] = {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0",
+                           **meta.get("annotations", {})}
+    node["spec"] = {"providerID": f"kwok://{meta['name']}", **node.get("spec", {})}
+    return node
 
-    node = node_objects(group.pool)[0]
+
+def render_node(group: NodeGroupConfig, name: str, now: float) -> dict[str, Any]:
+    """The Node object of a new node of `group` as kwok plays it, GPUs held back until the provisioning delay has
+    passed."""
+    node = group.template_node()
     meta = node["metadata"]
     meta["name"] = name
     meta["labels"]["kubernetes.io/hostname"] = name
+    kwok_node(node)
     meta["labels"][PROVIDER_LABEL] = "gpuaas-nodescaler"
     meta["annotations"][REQUESTED_AT_ANNOTATION] = f"{now:.3f}"
-    node["spec"]["providerID"] = f"kwok://{name}"
     held = {k: v for k, v in node["status"]["allocatable"].items()
             if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)}
     if held:

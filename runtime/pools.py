@@ -21,12 +21,16 @@ A pool spec is YAML:
       autoscale:                 # optional: a node group `gpuaas nodescaler` grows and shrinks (count = initial size)
         minSize: 0
         maxSize: 6
-        provisioningDelaySeconds: 30   # KWOK provider: GPUs are advertised this long after the grow request
+        provisioningDelaySeconds: 30   # a new node's GPUs are allocatable this long after the grow request
         costPerHour: 32.77
 
 Every field is checked before any process starts; an unknown field, a negative count or a MIG layout that does not fit
 the GPU model is refused with a message naming the field. The nodes carry what GPU feature discovery and the NVIDIA
 device plugin (MIG strategy `mixed`) publish on a real node.
+
+The Node objects rendered here are provider-neutral: no provider ID and nothing a node provider needs to play or
+create them. Who creates nodes adds its own: `nodescaler.provider.kwok_node` turns them into nodes kwok plays (the
+KWOK node provider's new nodes and the local cluster's pools, gpuaas/cluster/local.py).
 """
 from __future__ import annotations
 
@@ -42,13 +46,6 @@ from pydantic.alias_generators import to_camel
 
 from scoring import gpus
 from scoring.kubeobjects import POOL_LABEL, TOPOLOGY_ANNOTATION
-
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # nodes carrying `kwok.x-k8s.io/node: fake` are played by kwok
-# The KWOK node provider holds a new node's GPUs back until its provisioning delay has passed; the harness's node agent
-# (gpuaas/cluster/migmanager.py) publishes them then.
-REGISTERING_LABEL = "gpuaas.io/kwok-gpu-registering"  # set by the KWOK node provider until GPUs are published
-GPU_RESOURCES_ANNOTATION = "gpuaas.io/kwok-gpu-resources"
-GPU_READY_AT_ANNOTATION = "gpuaas.io/kwok-gpu-ready-at"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -106,7 +103,7 @@ class GpuSpec(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _counts_fit(self) -> "GpuSpec":
+    def _counts_fit(self) -> GpuSpec:
         if self.mig_gpus is not None and self.mig_gpus > self.count:
             raise ValueError(f"migGPUs {self.mig_gpus} is more than the node's {self.count} GPUs")
         if self.mig is None and self.mig_gpus:
@@ -147,11 +144,12 @@ class Autoscale(_Strict):
     min_size: int = Field(default=0, ge=0, description="the group never shrinks below this many nodes")
     max_size: int = Field(ge=1, description="the group never grows beyond this many nodes")
     provisioning_delay_s: float = Field(default=0.0, ge=0, alias="provisioningDelaySeconds",
-                                        description="seconds from a grow request until a new node's GPUs are allocatable")
+                                        description="seconds from a grow request until a new node's GPUs are "
+                                        "allocatable")
     cost_per_hour: float = Field(gt=0, description="price of one node per hour, which scale-out minimises")
 
     @model_validator(mode="after")
-    def _order(self) -> "Autoscale":
+    def _order(self) -> Autoscale:
         if self.min_size > self.max_size:
             raise ValueError(f"minSize {self.min_size} is more than maxSize {self.max_size}")
         return self
@@ -166,10 +164,11 @@ class Pool(_Strict):
     pods: int = Field(default=110, ge=1, description="allocatable pods per node")
     labels: dict[str, str] = Field({}, description="extra node labels")
     taints: list[Taint] = Field([], description="node taints")
-    autoscale: Autoscale | None = Field(default=None, description="make the pool a node group the nodescaler grows and shrinks (the demo turns it into a group of `gpuaas nodescaler`)")
+    autoscale: Autoscale | None = Field(default=None, description="make the pool a node group the nodescaler grows "
+                                        "and shrinks (the demo turns it into a group of `gpuaas nodescaler`)")
 
     @model_validator(mode="after")
-    def _count_within_group_bounds(self) -> "Pool":
+    def _count_within_group_bounds(self) -> Pool:
         a = self.autoscale
         if a is not None and not a.min_size <= self.count <= a.max_size:
             raise ValueError(f"count {self.count} is outside autoscale [minSize {a.min_size}, maxSize {a.max_size}]")
@@ -210,7 +209,7 @@ class PoolSpec(_Strict):
     pools: list[Pool] = Field(min_length=1, description="the node pools, each name once")
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "PoolSpec":
+    def _unique_names(self) -> PoolSpec:
         seen = set()
         for pool in self.pools:
             if pool.name in seen:
@@ -262,9 +261,10 @@ def _groups(count: int, size: int | None) -> list[list[int]]:
 
 
 def node_objects(pool: Pool) -> list[dict[str, Any]]:
-    """The Node objects of one pool, as a real GPU node with GFD and the device plugin (mixed strategy) shows them."""
-    labels = {"type": "kwok", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", POOL_LABEL: pool.name}
-    annotations = {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"}
+    """The Node objects of one pool, as a real GPU node with GFD and the device plugin (mixed strategy) shows them;
+    provider-neutral (no provider ID, nothing kwok needs: nodescaler.provider.kwok_node adds that)."""
+    labels = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", POOL_LABEL: pool.name}
+    annotations: dict[str, str] = {}
     resources: dict[str, str] = {"cpu": pool.cpu, "memory": pool.memory, "pods": str(pool.pods)}
     if pool.gpu is not None:
         g = pool.gpu
@@ -299,7 +299,7 @@ def node_objects(pool: Pool) -> list[dict[str, Any]]:
             "kind": "Node",
             "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name},
                          "annotations": dict(annotations)},
-            "spec": {"providerID": f"kwok://{name}", **({"taints": taints} if taints else {})},
+            "spec": {"taints": taints} if taints else {},
             "status": {"capacity": dict(resources), "allocatable": dict(resources),
                        "phase": "Running"},
         })

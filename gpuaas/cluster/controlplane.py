@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from runtime.pools import KWOK_NODE_ANNOTATION
+from nodescaler.provider import KWOK_NODE_ANNOTATION
 
 from . import pki as pkimod
 from .process import free_port, process_alive, spawn, terminate
@@ -61,7 +61,7 @@ class ControlPlaneState:
         path.write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "ControlPlaneState":
+    def load(cls, path: Path) -> ControlPlaneState:
         raw = json.loads(path.read_text())
         raw["components"] = {k: ComponentState(**v) for k, v in raw["components"].items()}
         return cls(**raw)
@@ -123,7 +123,7 @@ class ControlPlane:
         return self.state.apiserver_url
 
     # ---- lifecycle -----------------------------------------------------------------------------------------------
-    def start(self, timeout: float = 120.0) -> "ControlPlane":
+    def start(self, timeout: float = 120.0) -> ControlPlane:
         if self.state_file.exists() and self.attach_existing():
             raise ControlPlaneError(f"a control plane is already running in {self.workdir}; stop it first")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -230,7 +230,7 @@ class ControlPlane:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         return self.start()
 
     def __exit__(self, *exc) -> None:

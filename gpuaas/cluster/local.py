@@ -10,12 +10,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from nodescaler.provider import kwok_node
 from runtime.kubeclient import api_client
 from runtime.pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects
 
 from .controlplane import ControlPlane
 from .nodes import create_nodes, wait_nodes_ready
-
 
 RBAC_KINDS = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 
@@ -33,7 +33,14 @@ def resolve_pool_spec(name_or_path: str) -> PoolSpec:
     if name_or_path in builtin_pool_specs():
         with resources.as_file(resources.files("gpuaas.pools") / f"{name_or_path}.yaml") as p:
             return load_pool_spec(p)
-    raise PoolSpecError(f"{name_or_path}: no such file, and not a built-in pool spec ({', '.join(builtin_pool_specs())})")
+    raise PoolSpecError(f"{name_or_path}: no such file, and not a built-in pool spec "
+                        f"({', '.join(builtin_pool_specs())})")
+
+
+def pool_nodes(pools: PoolSpec) -> list[dict[str, Any]]:
+    """The Node objects of the pools as kwok plays them: runtime/pools.py renders them provider-neutral, the KWOK
+    provider's `kwok_node` adds what kwok needs (as it does to the nodes the node scaler creates)."""
+    return [kwok_node(node) for node in spec_node_objects(pools)]
 
 
 class LocalCluster:
@@ -63,7 +70,7 @@ class LocalCluster:
         return timings
 
     def add_pools(self, pools: PoolSpec, timeout: float = 120.0) -> dict[str, float]:
-        nodes = spec_node_objects(pools)
+        nodes = pool_nodes(pools)
         t0 = time.monotonic()
         create_nodes(self.api, nodes)
         created = time.monotonic() - t0

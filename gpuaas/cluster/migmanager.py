@@ -5,8 +5,8 @@ MIG manager. The GPU operator's mig-manager watches the node label `nvidia.com/m
 `nvidia.com/mig.config.state=pending`, repartitions the GPUs and the device plugin re-advertises the instances, then
 the state becomes `success` (or `failed`). Here: a node labelled `nvidia.com/mig.config.state=pending` gets the
 allocatable resources and `nvidia.com/mig-*.count` labels that `runtime/pools.node_objects` renders for that
-config (the same code that renders every KWOK GPU node), then `success`. A node with GPU pods on it is refused with
-`failed`, as the real manager will not repartition GPUs in use.
+config (the same code that renders every GPU node of the pools and node groups), then `success`. A node with GPU pods
+on it is refused with `failed`, as the real manager will not repartition GPUs in use.
 
 Device-plugin registration. Nodes the KWOK node provider creates (nodescaler/provider.py) register without GPU
 resources and carry the resources to advertise and the time to do it in annotations; at that time the resources are
@@ -23,10 +23,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from nodescaler.provider import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
+from runtime.pools import Pool, node_objects
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 from scoring.kubeobjects import COUNT_LABEL, GPU_RESOURCE, PRODUCT_LABEL, holds_resources, requests_gpu
-
-from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, Pool, node_objects
 
 log = logging.getLogger("gpuaas.cluster.migmanager")
 
@@ -61,7 +61,7 @@ class FakeNodeAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "FakeNodeAgent":
+    def start(self) -> FakeNodeAgent:
         self._thread = threading.Thread(target=self._run, name="fake-node-agent", daemon=True)
         self._thread.start()
         return self

@@ -42,7 +42,7 @@ def test_broken_spec_is_refused_naming_the_field(data, message):
 
 
 def test_mig_errors_say_why():
-    with pytest.raises(PoolSpecError, match="3g.40gb"):
+    with pytest.raises(PoolSpecError, match=r"3g\.40gb"):
         parse_pool_spec(spec(gpu={"model": "A100-80GB", "count": 8, "mig": {"3g.40gb": 3}}))
     with pytest.raises(PoolSpecError, match="A100-40GB"):
         parse_pool_spec(spec(gpu={"model": "A100-40GB", "count": 8, "mig": {"1g.20gb": 1}}))
@@ -63,9 +63,40 @@ def test_whole_gpu_node_objects():
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     assert not any(k.startswith("nvidia.com/mig-") for k in node["status"]["allocatable"])
     assert node["spec"]["taints"] == [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
-    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
     topo = json.loads(node["metadata"]["annotations"]["gpuaas.io/gpu-topology"])
     assert topo == {"nvlinkDomains": [list(range(8))], "numaNodes": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+
+
+def test_rendered_nodes_are_provider_neutral():
+    # runtime/pools.py knows no node provider: no provider ID, no kwok annotation or label (nodescaler/provider.py
+    # adds those, for the node scaler's KWOK nodes and the harness's pools alike).
+    pool = parse_pool_spec(spec(count=1, gpu={"model": "A100-80GB", "count": 8, "mig": "all-1g.10gb"})).pools[0]
+    (node,) = node_objects(pool)
+    assert "providerID" not in node["spec"]
+    assert not any("kwok" in key or "kwok" in value for key, value in node["metadata"]["labels"].items())
+    assert not any("kwok" in key for key in node["metadata"]["annotations"])
+
+
+def test_the_local_cluster_creates_the_pool_nodes_kwok_plays():
+    from gpuaas.cluster.local import pool_nodes
+
+    pools = parse_pool_spec(spec(count=2, labels={"team": "ml"},
+                                 taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}]))
+    nodes = pool_nodes(pools)
+    assert [n["metadata"]["name"] for n in nodes] == ["p-0000", "p-0001"]
+    for node, neutral in zip(nodes, node_objects(pools.pools[0]), strict=True):
+        name = node["metadata"]["name"]
+        # What kwok needs (it plays nodes annotated `kwok.x-k8s.io/node: fake`), as these nodes always carried it ...
+        assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+        assert node["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0"
+        assert node["metadata"]["labels"]["type"] == "kwok"
+        assert node["spec"] == {"providerID": f"kwok://{name}", "taints": neutral["spec"]["taints"]}
+        # ... on top of the rendering, unchanged.
+        assert node["metadata"]["labels"] == {"type": "kwok", **neutral["metadata"]["labels"]}
+        assert node["status"] == neutral["status"]
+        kwok_annotations = ("kwok.x-k8s.io/node", "node.alpha.kubernetes.io/ttl")
+        assert {k: v for k, v in node["metadata"]["annotations"].items() if k not in kwok_annotations} == \
+            neutral["metadata"]["annotations"]
 
 
 def test_mixed_strategy_mig_node_objects():

@@ -23,9 +23,9 @@ from gpuaas.cluster.components import ComponentProcess, nodescaler_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.workloads import gpu_deployment, gpu_pod
-from nodescaler.provider import REQUESTED_AT_ANNOTATION
+from nodescaler.provider import KWOK_NODE_ANNOTATION, REQUESTED_AT_ANNOTATION
 from nodescaler.snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION
-from runtime.pools import KWOK_NODE_ANNOTATION, parse_pool_spec
+from runtime.pools import parse_pool_spec
 from scoring.kubeobjects import POOL_LABEL
 from tests.deploy.manifests import DEPLOY
 from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch, failed_scheduling_times, fifo_latencies

@@ -7,9 +7,19 @@ import pytest
 
 from gpuaas.cluster.migmanager import mig_resources
 from nodescaler.config import load_nodescaler_config
-from nodescaler.provider import FakeProvider, NodeNotFound, ProviderError, render_node
+from nodescaler.provider import (
+    GPU_READY_AT_ANNOTATION,
+    GPU_RESOURCES_ANNOTATION,
+    KWOK_NODE_ANNOTATION,
+    REGISTERING_LABEL,
+    FakeProvider,
+    NodeNotFound,
+    ProviderError,
+    kwok_node,
+    render_node,
+)
 from runtime.config import ConfigError
-from runtime.pools import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL, node_objects
+from runtime.pools import node_objects
 
 from .builders import A100X8, config
 
@@ -48,12 +58,31 @@ def test_new_node_is_the_pool_rendering_with_gpus_held_back_until_ready():
     group = cfg.group("a100x8")
     node = render_node(group, "a100x8-abc123", now=100.0)
     reference = node_objects(group.pool)[0]
-    assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == reference["metadata"]["labels"]["nvidia.com/gpu.product"]
+    product = "nvidia.com/gpu.product"
+    assert node["metadata"]["labels"][product] == reference["metadata"]["labels"][product]
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "0"
     assert json.loads(node["metadata"]["annotations"][GPU_RESOURCES_ANNOTATION]) == {"nvidia.com/gpu": "8"}
     assert float(node["metadata"]["annotations"][GPU_READY_AT_ANNOTATION]) == 100.0 + group.provisioning_delay_s
     assert node["metadata"]["labels"][REGISTERING_LABEL] == "true"
     assert node["spec"]["providerID"] == "kwok://a100x8-abc123"
+    # kwok plays it: the KWOK bits kwok_node adds, on the group's provider-neutral template.
+    assert node["metadata"]["annotations"][KWOK_NODE_ANNOTATION] == "fake"
+    assert node["metadata"]["labels"]["type"] == "kwok"
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "a100x8-abc123"
+    assert node["metadata"]["name"] == "a100x8-abc123"
+    template = group.template_node()
+    assert "providerID" not in template["spec"] and KWOK_NODE_ANNOTATION not in template["metadata"]["annotations"]
+
+
+def test_kwok_node_adds_what_kwok_needs_and_keeps_the_rest():
+    (node,) = node_objects(config().group("a100x8").pool)
+    neutral = json.loads(json.dumps(node))
+    assert kwok_node(node) is node
+    assert node["spec"]["providerID"] == f"kwok://{node['metadata']['name']}"
+    assert node["metadata"]["annotations"] == {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0",
+                                               **neutral["metadata"]["annotations"]}
+    assert node["metadata"]["labels"] == {"type": "kwok", **neutral["metadata"]["labels"]}
+    assert node["status"] == neutral["status"]
 
 
 def test_mig_manager_resources_come_from_the_pool_renderer():
@@ -80,5 +109,6 @@ def test_unknown_scale_out_policy_is_refused(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps({"groups": [{"name": "g", "template": A100X8, "max_size": 2, "cost_per_hour": 1}],
                                 "scale_out": {"policy": "best-fit"}}))
-    with pytest.raises(ConfigError, match=r"scale_out\.policy: policy 'best-fit' is not one of random, least-allocated"):
+    with pytest.raises(ConfigError,
+                       match=r"scale_out\.policy: policy 'best-fit' is not one of random, least-allocated"):
         load_nodescaler_config(path, environ={})
