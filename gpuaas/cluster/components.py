@@ -41,10 +41,10 @@ class ComponentProcess:
         scheme = "https" if any(k.endswith("TLS__CERT_FILE") for k in self.env) else "http"
         return f"{scheme}://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "ComponentProcess":
+    def start(self, timeout: float = 30.0) -> ComponentProcess:
         return self.spawn().wait_ready(timeout)
 
-    def spawn(self) -> "ComponentProcess":
+    def spawn(self) -> ComponentProcess:
         """Start the process without waiting. From the thread that lives as long as the component should: the
         process is tied to its parent *thread* (PR_SET_PDEATHSIG), so spawning from a worker thread that ends kills
         it."""
@@ -53,7 +53,7 @@ class ComponentProcess:
         self.popen = spawn([sys.executable, "-m", "gpuaas.cli", *self.args], self.log, append=True, env=env)
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> "ComponentProcess":
+    def wait_ready(self, timeout: float = 30.0) -> ComponentProcess:
         assert self.popen, "spawn() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -68,7 +68,7 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 def _ca(common_name: str):
     key = _key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -93,7 +93,7 @@ def _leaf(ca_key, ca_cert, common_name: str, groups=(), *, server_names=(), serv
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     if server_names or server_ips:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name(attrs))
@@ -157,7 +157,8 @@ def create_pki(directory: Path, *, service_ip: str = "10.96.0.1") -> Pki:
     return Pki(directory)
 
 
-def issue_serving_cert(pki: Pki, stem: str, common_name: str, names=("localhost",), ips=("127.0.0.1",)) -> tuple[Path, Path]:
+def issue_serving_cert(pki: Pki, stem: str, common_name: str, names=("localhost",),
+                       ips=("127.0.0.1",)) -> tuple[Path, Path]:
     """A serving certificate signed by the cluster CA, for a webhook-style server of ours (extender, metrics API)."""
     ca_key = serialization.load_pem_private_key(pki.path("ca.key").read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())

@@ -3,6 +3,7 @@ own with a log file, stopped with SIGTERM then SIGKILL, and recognised by pid *a
 never signalled."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -82,9 +83,7 @@ def terminate(pid: int, argv0: str, *, popen: subprocess.Popen | None = None, gr
                 break
             time.sleep(0.05)
         if process_alive(pid, argv0):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     if popen is not None:
         popen.wait(timeout=10)

@@ -80,7 +80,7 @@ class PrometheusServer:
                 return float(duration[: -len(unit)]) * units[unit]
         raise ValueError(f"not a duration: {duration}")
 
-    def start(self, timeout: float = 60.0, port: int | None = None) -> "PrometheusServer":
+    def start(self, timeout: float = 60.0, port: int | None = None) -> PrometheusServer:
         self.write_config()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.port = port or self.port or free_port()
@@ -124,7 +124,7 @@ class PrometheusServer:
         if popen is not None:
             terminate(popen.pid, str(self.binary), popen=popen, grace=grace)
 
-    def __enter__(self) -> "PrometheusServer":
+    def __enter__(self) -> PrometheusServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -29,7 +29,7 @@ class Tools:
     helm: Path | None  # for the chart in deploy/helm only; the control plane runs without it
 
     @classmethod
-    def locate(cls) -> "Tools":
+    def locate(cls) -> Tools:
         env = _read_env_file(cache_dir() / "env")
         env.update({k: v for k, v in os.environ.items() if k.startswith("GPUAAS_")})
         missing = [k for k in ("GPUAAS_KUBE_BIN", "GPUAAS_KWOK_BIN", "GPUAAS_ETCD_BIN") if not env.get(k)]

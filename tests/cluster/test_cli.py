@@ -7,8 +7,10 @@ import sys
 import pytest
 
 BROKEN = {
-    "unknown-field": ("pools:\n- {name: a, count: 1, gpu: {model: A100-80GB, count: 8}, gpuz: 1}\n", "pools[0].gpuz: unknown field"),
-    "negative-count": ("pools:\n- {name: a, count: -3}\n", "pools[0].count: Input should be greater than or equal to 0"),
+    "unknown-field": ("pools:\n- {name: a, count: 1, gpu: {model: A100-80GB, count: 8}, gpuz: 1}\n",
+                      "pools[0].gpuz: unknown field"),
+    "negative-count": ("pools:\n- {name: a, count: -3}\n",
+                       "pools[0].count: Input should be greater than or equal to 0"),
     "mig-does-not-fit": ("pools:\n- {name: a, count: 1, gpu: {model: H100-80GB, count: 8, mig: {7g.80gb: 2}}}\n",
                          "pools[0].gpu.mig: "),
     "not-yaml": ("pools: [\n", "not valid YAML"),
