@@ -1,5 +1,8 @@
-"""Test fakes more than one test folder uses (one home, not a copy per file)."""
+"""Test fakes more than one test folder uses: one home, not a copy per file. Each is a class (for tests that build
+one inside a helper) and a fixture of the same name in lower case."""
 from __future__ import annotations
+
+import pytest
 
 
 class Clock:
@@ -10,3 +13,8 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()

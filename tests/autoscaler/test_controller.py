@@ -10,7 +10,7 @@ import pytest
 from autoscaler.config import AutoscalerConfig, ConfigError, load_autoscaler_config, parse
 from autoscaler.controller import Controller, Observed, gather_signals
 from autoscaler.prom import BadQuery, NoData, PrometheusUnavailable, Sample
-from tests.fakes import Clock
+from tests.conftest import Clock
 
 
 class FakeProm:

@@ -9,7 +9,7 @@ from extender.service import ExtenderService
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from scoring.clusterview import ClusterView
 from scoring.model import MILLI
-from tests.fakes import Clock
+from tests.conftest import Clock
 
 from .fixtures import bound, names, nodes, pending
 
@@ -55,8 +55,7 @@ def test_node_heartbeats_do_not_rebuild_the_model():
     assert view.rebuilds == 1
 
 
-def test_assumption_is_kept_until_confirmed_and_dropped_after_its_ttl():
-    clock = Clock()
+def test_assumption_is_kept_until_confirmed_and_dropped_after_its_ttl(clock):
     view = view_with_nodes(clock)
     state, _ = view.snapshot()
     demand = view.demand(pending("p", gpus=8))

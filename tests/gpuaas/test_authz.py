@@ -18,7 +18,7 @@ from runtime.authz import (
     request_attributes,
     user_from_headers,
 )
-from tests.fakes import Clock
+from tests.conftest import Clock
 
 CM = "custom.metrics.k8s.io"
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from runtime.informer import EventTooLarge, Health, Informer, split_lines
 from runtime.kubeclient import ApiEndpoint
-from tests.fakes import Clock
+from tests.conftest import Clock
 
 MiB = 1024 * 1024
 
