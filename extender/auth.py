@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from runtime.authz import (
     AsyncReviewer,
@@ -88,7 +90,7 @@ class Callers:
         return user
 
 
-def peer_certificate(request: web.Request) -> dict | None:
+def peer_certificate(request: web.Request) -> dict[str, Any] | None:
     """The client certificate the TLS layer verified, as ssl's getpeercert() gives it; None without one."""
     return request.transport.get_extra_info("peercert") if request.transport is not None else None
 
@@ -128,9 +130,10 @@ async def check(callers: Callers, request: web.Request) -> None:
         raise BadRequest(forbidden_message(user, need, decision.reason), 403)
 
 
-def middleware(callers: Callers) -> Callable:
+def middleware(callers: Callers) -> Middleware:
     @web.middleware
-    async def authenticate(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    async def authenticate(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         await check(callers, request)
         return await handler(request)
 

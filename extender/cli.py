@@ -14,7 +14,7 @@ from runtime.logs import setup_logging
 from .config import ENV_PREFIX, ExtenderConfig
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("extender", help="serve the kube-scheduler HTTP extender",
                               description="Serve filter/prioritize/bind for kube-scheduler. Settings come from "
                                           f"--config, then {ENV_PREFIX}* variables, then these flags.")

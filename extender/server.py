@@ -18,7 +18,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,13 @@ import aiohttp
 import orjson
 import yaml
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from runtime.authz import ApiReviewer, AsyncReviewer
 from runtime.config import describe_errors
-from runtime.informer import Informer
+from runtime.informer import Informer, Readiness
 from runtime.kubeclient import ApiEndpoint
 from scoring.clusterview import ClusterView
 from scoring.kubeobjects import ObjectError
@@ -48,7 +49,9 @@ log = logging.getLogger("gpuaas.extender")
 SERVICE = web.AppKey("service", ExtenderService)
 CONFIG = web.AppKey("config", ExtenderConfig)
 METRICS = web.AppKey("metrics", Metrics)
-READY = web.AppKey("ready", Callable[[], bool])
+# Whether to answer /readyz with 200: a bool (a snapshot is always ready), or the informers' Readiness (false with
+# the reasons why).
+READY: web.AppKey[Callable[[], Readiness | bool]] = web.AppKey("ready")
 PRIORITY_ENCODER = web.AppKey("priority_encoder", HostPriorityEncoder)
 
 
@@ -64,7 +67,8 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @web.middleware
-async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+async def errors(request: web.Request,
+                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     verb = request.path.strip("/") or "root"
     if verb not in VERBS:
         verb = "other"  # a metrics label: one per route, never one per path a client makes up
@@ -140,7 +144,7 @@ async def readyz(request: web.Request) -> web.Response:
     ready = request.app[READY]()  # a bool, or the informers' Readiness: false with the reasons why
     if ready:
         return web.Response(text="ok")
-    return web.Response(text=getattr(ready, "text", "caches not synced"), status=503)
+    return web.Response(text=ready.text if isinstance(ready, Readiness) else "caches not synced", status=503)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -159,10 +163,10 @@ async def explain_endpoint(request: web.Request) -> web.Response:
 
 
 def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
-             ready: Callable[[], bool], reviewer: AsyncReviewer | None = None) -> web.Application:
+             ready: Callable[[], Readiness | bool], reviewer: AsyncReviewer | None = None) -> web.Application:
     """With `config.tls`, every request but the probes is authenticated (auth.py): kube-scheduler by its client
     certificate, other users through `reviewer` (TokenReview, SubjectAccessReview; None: certificates only)."""
-    middlewares: list = [errors]
+    middlewares: list[Middleware] = [errors]
     if config.tls is not None:
         middlewares.append(auth.middleware(auth.Callers.of(config.tls.client_names, reviewer,
                                                            config.token_review_ttl_seconds)))
@@ -239,7 +243,8 @@ def live_app(config: ExtenderConfig) -> web.Application:
             if resp.status == 404:
                 return None
             resp.raise_for_status()
-            return await resp.json()
+            found: dict[str, Any] = await resp.json()
+            return found
 
     class LazyBinder:  # the session exists only once the app runs
         async def bind(self, *args: Any) -> None:
@@ -251,7 +256,7 @@ def live_app(config: ExtenderConfig) -> web.Application:
     app = make_app(config, service, metrics,
                    lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds), reviewer)
 
-    async def informers(app: web.Application):
+    async def informers(app: web.Application) -> AsyncIterator[None]:
         async with endpoint.session() as session:
             holder["session"] = session
             tasks = [asyncio.create_task(inf.run(session)) for inf in (nodes, pods)]
@@ -270,7 +275,7 @@ def warm_up_once_synced(app: web.Application) -> None:
     collector's reach (gc.freeze): a full collection then walks what changed since, not the whole cache (~60 ms, a
     stall in kube-scheduler's cycle). For a process that serves, not for tests that build many apps."""
 
-    async def warm_up(app: web.Application):
+    async def warm_up(app: web.Application) -> AsyncIterator[None]:
         async def when_synced() -> None:
             while not app[READY]():
                 await asyncio.sleep(0.5)

@@ -9,15 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
-from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
-from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
-from scoring.fit import feasible
-
 from scoring import verdicts
+from scoring.clusterview import ClusterView
+from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
+from scoring.fit import feasible
+from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
+from scoring.model import PodDemand
+from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
+
 from .binder import Binder, BindError
 from .metrics import Metrics
-from scoring.clusterview import ClusterView
 from .wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult
 
 log = logging.getLogger("gpuaas.extender")
@@ -57,7 +58,7 @@ class ExtenderService:
         self.pod_lookup = pod_lookup
         self._last_filter: FilterMemo | None = None
 
-    def _demand(self, pod: dict[str, Any]):
+    def _demand(self, pod: dict[str, Any]) -> PodDemand:
         try:
             return self.view.demand(pod)
         except (ObjectError, KeyError) as err:

@@ -123,7 +123,8 @@ class HostPriorityEncoder:
             return b"[]"
         unknown = rows < 0
         if self._records is not None and not unknown.any():
-            return b"[" + self._records[rows, scores].tobytes()[:-1] + b"]"  # [:-1]: the last record's ","
+            records: np.ndarray = self._records[rows, scores]
+            return b"[" + records.tobytes()[:-1] + b"]"  # [:-1]: the last record's ","
         entries = self._entries[np.where(unknown, 0, rows), scores].tolist()
         for i in np.flatnonzero(unknown).tolist():  # names gpuaas does not know (few): encoded here
             entries[i] = self._head(names[i]) + self._SUFFIX[scores[i]]
