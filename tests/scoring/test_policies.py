@@ -266,3 +266,16 @@ def test_gpuaas_memory_look_ahead():
     policy = GpuaasPolicy(s, wl)
     pod = PodDemand(cpu_milli=1000, memory_mib=10_240)
     assert policy._adjust(s, pod, np.array([0]))[0] == pytest.approx(-500.0)
+
+
+def test_explain_gives_the_filters_words_and_the_nodes_free_numbers():
+    from scoring.verdicts import explain
+
+    s = state()  # a: 32 cores, 2 T4 (1 free whole, 1 with 400 left); b: 64 cores, 4 V100; c: no GPUs
+    pod = PodDemand(cpu_milli=4000, gpus=2, gpu_milli=1000)
+    got = explain(s, BestFitPolicy(s), pod, "a")
+    assert got["reason"] == misfit_reason(s, pod, 0) == "insufficient whole GPUs: 1 free, 2 requested"
+    assert got["resolvable"] and got["free"] == {"cpu_milli": 32_000, "memory_mib": 128_000, "whole_gpus": 1,
+                                                 "largest_gpu_share_milli": 1000}
+    got = explain(s, BestFitPolicy(s), pod, "c")
+    assert got == {"node": "c", "pod": "", "fits": False, "resolvable": False, "reason": "node has no GPUs"}
