@@ -24,8 +24,12 @@ from .snapshot import Decision, Snapshot, finite
 
 
 class Policy(Protocol):
-    name: str
-    sync_period_s: float
+    # Read-only: the policies are frozen dataclasses (QueueDepthPolicy's sync_period_s is a property).
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sync_period_s(self) -> float: ...
 
     def initial_state(self) -> Any: ...
 

@@ -150,11 +150,12 @@ def _walk_strings(node: Any, fn) -> Any:
 
 def _set_path(obj: dict[str, Any], path: str | tuple[str | int, ...], value: Any) -> None:
     *parents, last = path.split(".") if isinstance(path, str) else path
+    node: Any = obj  # a dict, or a list where the path has an index
     for p in parents:
-        obj = obj[p]
-    if last not in obj:
-        raise ValueError(f"{path} is not in {obj}")
-    obj[last] = value
+        node = node[p]
+    if last not in node:
+        raise ValueError(f"{path} is not in {node}")
+    node[last] = value
 
 
 @dataclass

@@ -129,10 +129,10 @@ def print_table(final: dict[str, Any], out=sys.stdout) -> None:
     rows += [(p["pod"], p.get("request") or "", "-", "-", "Pending") for p in final["pending"]]
     head = ("POD", "REQUEST", "NODE", "GPU", "PHASE")
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)), file=out)
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)), file=out)
     reasons = {p["pod"]: p["reason"] for p in final["pending"]}
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)), file=out)
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)), file=out)
         if r[0] in reasons:
             print(f"    why pending: {reasons[r[0]]}", file=out)
 
@@ -154,7 +154,8 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
 
 
 def print_intro(stacks: list[Stack], timings: list[dict[str, float]], settings: RunSettings, trace: str) -> None:
-    for s, t in zip(stacks, timings):
+    for s, t in zip(stacks, timings, strict=True):
+        assert s.prometheus is not None, "up() starts it"
         print(f"  {s.name}: cluster ready in {t['total_s']:.1f}s; Prometheus {s.prometheus.url}; "
               f"{', '.join(c.name for c in s.components)} running under their ServiceAccounts; "
               f"logs {s.workdir / 'logs'}")
@@ -198,7 +199,7 @@ def _parallel(calls: list) -> list:
     def call(i, f):
         try:
             results[i] = f()
-        except BaseException as err:  # noqa: BLE001 (re-raised below, in the caller's thread)
+        except BaseException as err:  # re-raised below, in the caller's thread
             errors.append(err)
 
     threads = [threading.Thread(target=call, args=(i, f)) for i, f in enumerate(calls)]
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         finals = _parallel([s.finish for s in stacks])
         print(f"settled in {time.monotonic() - settle0:.0f}s; final state read", flush=True)
         runs = {s.scheduler: {"scheduler": s.scheduler, "samples": samples[s.scheduler], "events": s.events,
-                              "final": final} for s, final in zip(stacks, finals)}
+                              "final": final} for s, final in zip(stacks, finals, strict=True)}
         raw = raw_record(started_at=started_at, duration_s=args.duration, speed=args.speed, pools=pools, runs=runs)
         outdir.mkdir(parents=True, exist_ok=True)
         (outdir / "run.json").write_text(json.dumps(raw, indent=1))  # kept as it is if it does not validate

@@ -124,8 +124,10 @@ class Stack:
             self.workdir, name=self.name, owned=self.owned,
             scheduler_profiles=[gpuaas_profile("default-scheduler")] if gpuaas else None)
         if gpuaas:  # over mTLS, as deployed: kube-scheduler presents its client certificate from the cluster's PKI
+            tls = scheduler_extender_tls(self.cluster.control_plane.pki)
             self.cluster.control_plane.extenders = [extender_entry(
-                f"https://127.0.0.1:{self.extender_port}", **scheduler_extender_tls(self.cluster.control_plane.pki))]
+                f"https://127.0.0.1:{self.extender_port}", ca_file=tls["ca_file"], cert_file=tls["cert_file"],
+                key_file=tls["key_file"])]
         self.components: list[ComponentProcess] = []
         self.extender: ComponentProcess | None = None
         self.prometheus: PrometheusServer | None = None
@@ -196,7 +198,7 @@ class Stack:
             c.wait_ready(timeout)
         deadline = time.monotonic() + timeout
         while True:
-            pods = self.reader.pods()
+            pods = self._reader().pods()
             short = [svc.name for svc in self.settings.services
                      if sum(1 for p in pods if _in_deployment(p, svc.name) and p["status"].get("phase") == "Running")
                      < svc.min_replicas]
@@ -219,6 +221,23 @@ class Stack:
         assert self.t0 is not None
         return time.monotonic() - self.t0
 
+    # What up() and start() set, for the phases after them.
+    def _reader(self) -> sampling.ClusterReader:
+        assert self.reader is not None, "up() first"
+        return self.reader
+
+    def _admission(self) -> GangAdmission:
+        assert self.admission is not None, "up() first"
+        return self.admission
+
+    def _prom(self) -> Prometheus:
+        assert self.prom is not None, "up() first"
+        return self.prom
+
+    def _epoch(self) -> float:
+        assert self.started_epoch is not None, "start() first"
+        return self.started_epoch
+
     def _drive(self) -> None:
         pending = list(self.settings.timeline)
         last_admission = 0.0
@@ -232,10 +251,10 @@ class Stack:
                 except Exception as err:  # one bad object must not stop the timeline; the run reports it
                     log.exception("submitting %s", sub.name)
                     self.submit_errors.append(f"{sub.name}: {err}")
-            if self.admission.waiting and (gang_arrived or now - last_admission >= 1.0):
+            if self._admission().waiting and (gang_arrived or now - last_admission >= 1.0):
                 last_admission = now
                 try:
-                    self.admission.run_once()
+                    self._admission().run_once()
                 except Exception:
                     log.exception("gang admission")
             wait = min(1.0, pending[0].at_s - self.elapsed()) if pending else 1.0
@@ -243,7 +262,7 @@ class Stack:
 
     def _submit(self, sub: Submission) -> bool:
         if sub.kind == "gang":
-            self.admission.submit(Gang(sub.namespace, sub.name, sub.objects))
+            self._admission().submit(Gang(sub.namespace, sub.name, sub.objects))
             return True
         for obj in sub.objects:
             try:
@@ -260,17 +279,18 @@ class Stack:
     def sample(self) -> dict[str, Any]:
         """One sample of this cluster now; also collects the autoscalers' new events."""
         t = self.elapsed()
-        nodes, pods, deployments = self.reader.nodes(), self.reader.pods(), self.reader.deployments()
+        reader = self._reader()
+        nodes, pods, deployments = reader.nodes(), reader.pods(), reader.deployments()
         serving = {}
         for name, replayer in self.replayers.items():
             serving[name] = self._serving(name, replayer, [p for p in pods if _in_deployment(p, name)])
-        new = sampling.component_events(self.reader.events(), self._seen_events, self.started_epoch)
+        new = sampling.component_events(reader.events(), self._seen_events, self._epoch())
         with self._lock:
             self.events.extend(new)
         return sampling.compute_sample(t, nodes, pods, deployments, workload=self.settings.workload, serving=serving)
 
     def _serving(self, name: str, replayer: Replayer, pods: list[dict]) -> sampling.Serving:
-        signals, _ = gather_signals(self.prom, self.targets[name], sorted(p["metadata"]["name"] for p in pods))
+        signals, _ = gather_signals(self._prom(), self.targets[name], sorted(p["metadata"]["name"] for p in pods))
         depth = sum(signals.queue_per_pod.values()) + signals.gateway_waiting if signals else None
         cursor = self._cursors.setdefault(name, _ServingCursor())
         with replayer.lock:
@@ -310,9 +330,10 @@ class Stack:
             self.agent.stop()
         for r in self.replayers.values():
             r.stop()
+        reader = self._reader()
         deadline = time.monotonic() + timeout
         while True:
-            pods, deployments = self.reader.pods(), self.reader.deployments()
+            pods, deployments = reader.pods(), reader.deployments()
             moving = sampling.settled(pods, deployments, time.time(), quiet_s)
             if moving is None:
                 break
@@ -320,11 +341,11 @@ class Stack:
                 log.warning("%s: not settled after %.0fs: %s", self.name, timeout, moving)
                 break
             time.sleep(0.5)
-        reasons = self.reader.scheduling_reasons(pods)
+        reasons = reader.scheduling_reasons(pods)
         if self.extender:
             self.extender.stop()
-        nodes, pods, deployments = self.reader.nodes(), self.reader.pods(), self.reader.deployments()
-        new = sampling.component_events(self.reader.events(), self._seen_events, self.started_epoch)
+        nodes, pods, deployments = reader.nodes(), reader.pods(), reader.deployments()
+        new = sampling.component_events(reader.events(), self._seen_events, self._epoch())
         with self._lock:
             self.events.extend(new)
             self.events.sort(key=lambda e: e["t"])

@@ -117,8 +117,7 @@ class Replayer:
                 if r.gone_at is None and not r.draining and r.name not in live:
                     self.system.remove_replica(r.name, t)
             for name in live:
-                r = self.system.replicas.get(name)
-                if r is None:
+                if self.system.replicas.get(name) is None:
                     self.system.add_replica(name, t, cold_start_s)
 
     def step(self) -> None:

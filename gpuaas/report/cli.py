@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description="Render the report of a `gpuaas demo` run again from its run.json: "
                                                "report.html and its PNG plots.")
     parser.add_argument("run_json", metavar="RUN_JSON", type=Path, help="the run.json that `gpuaas demo` wrote")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="directory for report.html and its plots (default: beside RUN_JSON)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="directory for report.html and its plots (default: beside RUN_JSON)")
     parser.set_defaults(func=run)
 
 

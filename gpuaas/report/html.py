@@ -82,8 +82,8 @@ def summary_section(record: RunRecord) -> Html:
         rows.append([FIGURE_LABELS[name], *(_figure_cell(figures[run.scheduler][i], run) for run in runs)])
     out = Html("<h2>Summary</h2>\n" + _table(["", *(r.scheduler for r in runs)], rows, numeric_from=1))
     if "default" not in record.runs:
-        out += Html("<p class=note>This record has no run with kube-scheduler's default scoring to compare with."
-                    "</p>\n")
+        out = Html(out + "<p class=note>This record has no run with kube-scheduler's default scoring to compare "
+                         "with.</p>\n")
     return Html(out + "<p class=note>Mean allocation over the samples; SLO attainment is the share of requests "
                       f"that waited at most {record.slo_queue_wait_s:g} s, over all Deployments; GPU-node-hours "
                       "count GPU nodes ready over the run's wall-clock time.</p>\n")

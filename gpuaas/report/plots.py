@@ -68,7 +68,7 @@ def _sample_lines(ax: Axes, record: RunRecord, value: Callable[[Sample], float |
 def _deployment_line(ax: Axes, run: Run, name: str, value: Callable[[DeploymentSample], float | None],
                      time: TimeAxis, **style) -> list[float]:
     """Plot one Deployment's series from one run (nothing if the run never sampled it); the values plotted."""
-    points = [(t, _nan(value(s.deployments[name]))) for t, s in zip(time.values(run), run.samples)
+    points = [(t, _nan(value(s.deployments[name]))) for t, s in zip(time.values(run), run.samples, strict=True)
               if name in s.deployments]
     if points:
         ax.plot([p[0] for p in points], [p[1] for p in points], **style)
@@ -143,7 +143,7 @@ def plot_replicas(record: RunRecord, path: Path, time: TimeAxis) -> None:
     names = deployment_names(record)
     fig = _figure(1.0 + 2.4 * len(names))
     axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         rate_ax = ax.twinx()
         for run in record.ordered_runs():
             color = COLORS[run.scheduler]
@@ -169,7 +169,7 @@ def plot_queue_wait(record: RunRecord, path: Path, time: TimeAxis) -> None:
     fig = _figure(1.0 + 2.4 * len(names))
     axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
     slo = record.slo_queue_wait_s
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         waits = []
         for run in record.ordered_runs():
             waits += _deployment_line(ax, run, name, lambda d: d.queue_wait_p99_s, time, color=COLORS[run.scheduler],

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .output import can_plot, write_json, write_plot
+
+if TYPE_CHECKING:
+    from autoscaler.policy import Policy
 
 SERVICE_MODEL_HELP = """service model (defaults): one replica = one GPU; it serves up to 8 requests at once
 (--concurrency); a request takes ContextTokens/5000 + GeneratedTokens/20 seconds (--prefill-tps, --decode-tps); a new
@@ -61,10 +65,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def build_policies(names: list[str], targets: list[float] | None, args: argparse.Namespace, peak: int):
-    from autoscaler.policy import (HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy)
+def build_policies(names: list[str], targets: list[float] | None, args: argparse.Namespace,
+                   peak: int) -> list[tuple[Policy, float | None]]:
+    """(policy, its --target or None) per policy name."""
+    from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy
 
-    out = []
+    out: list[tuple[Policy, float | None]] = []
     for name in names:
         if name == "ours":
             out.append((QueueDepthPolicy(QueueDepthConfig(
@@ -100,6 +106,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autoscaler.policy import StaticPolicy
     from gpuaas.loadgen.serving import ServiceModel
     from gpuaas.loadgen.trace import TraceError, load_trace, scale_rate
     from gpuaas.simulate.autoscaling import peak_replicas, simulate
@@ -120,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     results = []
     for policy, target in policies:
-        initial = policy.replicas if policy.name == "static" else max(1, args.min_replicas)
+        initial = policy.replicas if isinstance(policy, StaticPolicy) else max(1, args.min_replicas)
         r = simulate(arrivals, policy, model, initial_replicas=initial, target=target, warmup_s=args.warmup)
         results.append(r)
         print(f"{policy.name}{'' if target is None else f' target {target:g}'}: SLO {100 * r.slo_attainment:.2f}%, "

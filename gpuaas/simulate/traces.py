@@ -30,12 +30,12 @@ def _int(row: dict, field: str, where: str) -> int:
         value = int(raw)
     except ValueError:
         try:
-            value = float(raw)
+            number = float(raw)
         except ValueError:
             raise TraceError(f"{where}: field {field!r} must be a number, got {raw!r}") from None
-        if value != int(value):
+        if number != int(number):
             raise TraceError(f"{where}: field {field!r} must be a whole number, got {raw!r}") from None
-        value = int(value)
+        value = int(number)
     if value < 0:
         raise TraceError(f"{where}: field {field!r} must not be negative, got {raw!r}")
     return value
