@@ -67,7 +67,8 @@ class Replicas:
         return proc.start(timeout=120)
 
 
-def setup(component: str, cluster: LocalCluster, workdir: Path, lease_rbac: str) -> tuple[Path, Path, object]:
+def setup(component: str, cluster: LocalCluster, workdir: Path,
+          lease_rbac: str) -> tuple[Path, Path, PrometheusServer | None]:
     """(kubeconfig, config file, Prometheus or None) for the component."""
     lease_name = f"gpuaas-{component}"
     lease = lease_rules(lease_name, watch=lease_rbac == "watch")
@@ -108,7 +109,7 @@ def main() -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="takeover-bench-"))
     cluster = LocalCluster(workdir, name="takeover")
     procs: list[ComponentProcess] = []
-    prometheus = None
+    prometheus: PrometheusServer | None = None
     out: dict = {"component": args.component, "lease_rbac": args.lease_rbac, **TIMINGS, "kills": args.kills}
     try:
         cluster.up(parse_pool_spec({"pools": [{"name": "base", "count": 1, **A100X8}]}), timeout=300)

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from gpuaas.simulate.traces import load_pods
+from scoring.fit import cpu_fits, feasible, memory_fits
 from scoring.fragmentation import Workload
 from scoring.model import ClusterState, NodeSpec, PodDemand
-from scoring.planner import apply_mig_plan, repartition_mig
-from scoring.fit import cpu_fits, feasible, memory_fits
 from scoring.placement import Placer
+from scoring.planner import apply_mig_plan, repartition_mig
 from scoring.policies import make_policy
 
 DATA = Path("/work/shared/data/alibaba-gpu-2023")
@@ -67,7 +67,7 @@ def run(policy: str, nodes, stream, seed: int, repartition: bool, workload: Work
     for pod in stream:
         if repartition and not feasible(state, pod).any():
             fits = np.flatnonzero(cpu_fits(state, pod) & memory_fits(state, pod))
-            plan = repartition_mig(state, [pod], time_limit=0.5, nodes=fits)
+            plan = repartition_mig(state, [pod], time_limit=0.5, nodes=fits.tolist())
             plan_seconds.append(plan.wall_seconds)
             if plan.layouts and plan.served.get(pod.mig_profile, 0) > 0:
                 apply_mig_plan(state, plan)

@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.reproduce_fgd import DATA, parse_seeds
 from gpuaas.simulate.traces import load_nodes, load_pods
-from scoring.model import MILLI, ClusterState, PodDemand
+from scoring.model import MILLI, PodDemand
 from scoring.sharevalues import cutting_stock
 from scoring.simulation import SimulationResult, simulate
 
@@ -60,13 +60,14 @@ def hindsight_bound(arrivals: list[PodDemand], capacity_milli: int, cut_pct: flo
 
 
 def loss_accounting(r: SimulationResult) -> dict:
-    state: ClusterState = r.final_state
+    state, node_of = r.final_state, r.node_of
+    assert state is not None and node_of is not None, "simulate() sets both"
     cap = r.total_gpu_milli
     gl = state.gpu_left
     whole_free = gl == MILLI
     partial = (gl > 0) & (gl < MILLI)
     node_idle = gl.sum(axis=1)
-    placed = r.node_of >= 0
+    placed = node_of >= 0
     # Every arrived GPU pod shape, deduplicated: does it still fit a node by GPUs, CPU, memory?
     shapes = np.array(sorted({(p.cpu_milli, p.memory_mib, p.gpus, p.gpu_milli) for p in r.arrivals
                               if p.gpus and not p.mig_profile}), dtype=np.int64).reshape(-1, 4)
@@ -91,7 +92,7 @@ def loss_accounting(r: SimulationResult) -> dict:
                 content.setdefault((node, gpus[0]), []).append(pod.gpu_milli)
     patterns = Counter(tuple(sorted(v, reverse=True)) for v in content.values())
     by_waste = sorted(patterns.items(), key=lambda kv: -kv[1] * (MILLI - sum(kv[0])))
-    failed = [p for p, n in zip(r.arrivals, r.node_of, strict=True) if n < 0]
+    failed = [p for p, n in zip(r.arrivals, node_of, strict=True) if n < 0]
 
     def first_failure(which: np.ndarray) -> dict | None:
         if not which.any():
@@ -100,7 +101,7 @@ def loss_accounting(r: SimulationResult) -> dict:
         return {"pod": i, "kind": kind(r.arrivals[i]), "arrived_pct": round(float(r.arrived_milli[i]) / cap * 100, 2)}
 
     is_share = np.array([p.is_share for p in r.arrivals])
-    shares_placed = Counter(p.gpu_milli for p, n in zip(r.arrivals, r.node_of, strict=True) if n >= 0 and p.is_share)
+    shares_placed = Counter(p.gpu_milli for p, n in zip(r.arrivals, node_of, strict=True) if n >= 0 and p.is_share)
     arrangement = cutting_stock(shares_placed)
     g = lambda x: round(float(x) / MILLI, 2)  # noqa: E731 (thousandths -> GPUs)
     return {

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
@@ -52,13 +53,13 @@ def cpu_seconds(pid: int) -> float:
 def apiserver_requests(cluster: LocalCluster) -> Counter:
     """apiserver_request_total by verb/resource/subresource: where the apiserver's time goes."""
     text = cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
-    out: Counter = Counter()
+    out: Counter[str] = Counter()
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{"):
             labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
             key = "/".join(v.strip('"') for v in (labels.get("verb", ""), labels.get("resource", ""),
                                                  labels.get("subresource", "")) if v.strip('"'))
-            out[key] += float(line.rsplit(" ", 1)[1])
+            out[key] += int(float(line.rsplit(" ", 1)[1]))  # a counter: whole requests
     return out
 
 
@@ -70,7 +71,8 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
         extenders = [extender_entry(f"http://127.0.0.1:{port}")] if with_extender else None
         profiles = None
         if with_extender or sample_percent is not None:
-            profile = gpuaas_profile("default-scheduler") if with_extender else {"schedulerName": "default-scheduler"}
+            profile: dict[str, Any] = (gpuaas_profile("default-scheduler") if with_extender
+                                       else {"schedulerName": "default-scheduler"})
             if sample_percent is not None:  # 0: kube-scheduler's adaptive default sample
                 profile["percentageOfNodesToScore"] = sample_percent
             profiles = [profile]
@@ -89,9 +91,12 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
                 list(ex.map(lambda i: core.create_namespaced_pod(
                     "tput", gpu_pod(f"p{i:05d}", "tput", gpus=sizes[i], cpu="1", memory="1Gi"),
                     _preload_content=False), range(pods)))
-            procs = {name: comp.pid for name, comp in cluster.control_plane.state.components.items()
+            state = cluster.control_plane.state
+            assert state is not None, "up() sets it"
+            procs = {name: comp.pid for name, comp in state.components.items()
                      if name != "kube-scheduler"}  # (the scheduler gets a new pid when it starts)
             if ext:
+                assert ext.popen is not None, "started above"
                 procs["gpuaas-extender"] = ext.popen.pid
             cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             requests_before = apiserver_requests(cluster)
@@ -103,7 +108,9 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
                 time.sleep(0.25)
             elapsed = time.monotonic() - t0
             cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 1) for name, pid in procs.items()}
-            cpu["kube-scheduler"] = cpu_seconds(cluster.control_plane.state.components["kube-scheduler"].pid)
+            state = cluster.control_plane.state  # read again: the scheduler was started since
+            assert state is not None
+            cpu["kube-scheduler"] = cpu_seconds(state.components["kube-scheduler"].pid)
             requests = apiserver_requests(cluster)
             requests.subtract(requests_before)
             busiest = {k: int(v) for k, v in requests.most_common(8) if v > 0}

@@ -31,7 +31,7 @@ def main() -> int:
     nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")
     pods = load_pods(DATA / f"openb_pod_list_{args.trace}.csv")
     for policy in args.policies.split(","):
-        inside = {2: [], 4: []}
+        inside: dict[int, list[float]] = {2: [], 4: []}
         alloc100, alloc130, decide = [], [], []
         for seed in seeds:
             counts = {2: [0, 0], 4: [0, 0]}
