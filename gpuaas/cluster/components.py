@@ -81,7 +81,7 @@ class ComponentProcess:
             terminate(self.popen.pid, sys.executable, popen=self.popen, grace=10)
 
     def running(self) -> bool:
-        return bool(self.popen) and process_alive(self.popen.pid, sys.executable)
+        return self.popen is not None and process_alive(self.popen.pid, sys.executable)
 
 
 def extender_tls_env(pki: Pki) -> dict[str, str]:
