@@ -26,12 +26,17 @@ from kubernetes.client.rest import ApiException
 from nodescaler.provider import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
 from runtime.pools import Pool, node_objects
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
-from scoring.kubeobjects import COUNT_LABEL, GPU_RESOURCE, PRODUCT_LABEL, holds_resources, requests_gpu
+from scoring.kubeobjects import (
+    COUNT_LABEL,
+    GPU_RESOURCE,
+    MIG_CONFIG_LABEL,
+    MIG_STATE_LABEL,
+    PRODUCT_LABEL,
+    holds_resources,
+    requests_gpu,
+)
 
 log = logging.getLogger("gpuaas.cluster.migmanager")
-
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 
 
 def mig_resources(node: dict[str, Any], config: str) -> tuple[dict[str, str], dict[str, str]]:
