@@ -3,7 +3,6 @@
 it, pod after pod (the extender holds each pick, as it does between prioritize and bind)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

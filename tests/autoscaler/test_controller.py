@@ -88,7 +88,7 @@ def make(replicas=2, dry_run=False, **target):
 
 
 def test_scales_up_and_records_event_and_conditions():
-    c, prom, kube, clock = make()
+    c, prom, kube, _clock = make()
     d = c.sync_once()["inf/llm"]
     # 20 req/s x 2 s = 40 slots + 1.5 sqrt(40) = 49.5; queue 8 x 2 / 60 = 0.27 -> 49.8 / 8 -> 7
     assert d.desired == 7 and kube.scaled == [7]
@@ -129,14 +129,14 @@ def test_metrics_failure_blocks_scale_down_says_why_and_recovers(mode, words):
 
 
 def test_dry_run_decides_and_says_so_without_scaling():
-    c, prom, kube, clock = make(dry_run=True)
+    c, _prom, kube, _clock = make(dry_run=True)
     c.sync_once()
     assert kube.scaled == [] and kube.replicas == 2
     assert kube.events[-1][1] == "DryRunScaleUp" and "would scale from 2 to 7" in kube.events[-1][2]
 
 
 def test_failed_scale_is_reported():
-    c, prom, kube, clock = make()
+    c, _prom, kube, _clock = make()
     kube.fail_scale = True
     c.sync_once()
     assert kube.events[-1][:2] == ("Warning", "FailedRescale")
@@ -144,7 +144,7 @@ def test_failed_scale_is_reported():
 
 
 def test_bad_query_or_unreachable_prometheus_refused_at_start():
-    c, prom, kube, clock = make()
+    c, prom, _kube, _clock = make()
     prom.mode = "badquery"
     with pytest.raises(ConfigError, match="target inf/llm: query queue_per_pod: Prometheus rejected"):
         c.validate()
@@ -154,7 +154,7 @@ def test_bad_query_or_unreachable_prometheus_refused_at_start():
 
 
 def test_nan_for_one_pod_makes_it_missing_and_is_noted():
-    c, prom, kube, clock = make()
+    c, prom, _kube, _clock = make()
     prom.queue = {"llm-0": math.nan, "llm-1": 2.0}
     sig, note = gather_signals(prom, c.config.targets[0], ["llm-0", "llm-1"])
     assert sig.queue_per_pod == {"llm-1": 2.0} and "queue depth of pod llm-0 is nan" in note
@@ -162,7 +162,8 @@ def test_nan_for_one_pod_makes_it_missing_and_is_noted():
 
 @pytest.mark.parametrize("raw, message", [
     ({"targets": []}, "targets: List should have at least 1 item"),
-    ({"targets": [{"deployment": "a", "min_replicas": 5, "max_replicas": 2}]}, "min_replicas (5) is above max_replicas"),
+    ({"targets": [{"deployment": "a", "min_replicas": 5, "max_replicas": 2}]},
+     "min_replicas (5) is above max_replicas"),
     ({"targets": [{"deployment": "a", "queries": {"arrival_rate": "rate(x[{win}])"}}]}, "unknown placeholder {win}"),
     ({"targets": [{"deployment": "a", "queries": {"arrivals": "x"}}]}, "unknown query arrivals"),
     ({"targets": [{"deployment": "a", "queries": {"arrival_rate": ""}}]}, "query arrival_rate is required"),
@@ -201,7 +202,7 @@ def test_config_file_then_environment(tmp_path):
 
 
 def test_conditions_json_shape():
-    c, prom, kube, clock = make()
+    c, _prom, kube, _clock = make()
     c.sync_once()
     assert {d["type"] for d in kube.conditions} == {"AbleToScale", "ScalingActive", "ScalingLimited"}
     assert all(set(d) == {"type", "status", "reason", "message", "lastTransitionTime"} for d in kube.conditions)
@@ -227,7 +228,7 @@ def test_conditions_written_only_when_they_change_and_kept_across_restarts():
     assert kube.condition("ScalingActive")["lastTransitionTime"] == since
 
 
-# ---- two replicas behind one Lease ------------------------------------------------------------------------------------
+# ---- two replicas behind one Lease -----------------------------------------------------------------------------------
 class Lease:
     """Who holds the lease, as `may_act` of each replica sees it."""
 
@@ -249,7 +250,7 @@ def pair(replicas=2):
 
 
 def test_only_the_leader_writes_the_standby_decides_the_same_and_writes_nothing():
-    a, b, prom, kube, clock, lease = pair()
+    a, b, _prom, kube, _clock, _lease = pair()
     db = b.sync_once()["inf/llm"]
     assert kube.scaled == [] and kube.events == [] and kube.condition_writes == 0
     da = a.sync_once()["inf/llm"]
@@ -295,5 +296,6 @@ def test_losing_the_lease_in_the_middle_of_a_sync_stops_the_writes():
             ([True, True, True, False], [7], ["ScaleUp"], 0)):  # gone after it: the scale and its event, no more
         it = iter(answers)
         kube = FakeTargets(2)
-        Controller(config, FakeProm(), kube, clock=Clock(1_000_000.0), may_act=lambda: next(it, False)).sync_once()
+        Controller(config, FakeProm(), kube, clock=Clock(1_000_000.0),
+                   may_act=lambda it=it: next(it, False)).sync_once()
         assert (kube.scaled, [e[1] for e in kube.events], kube.condition_writes) == (scaled, events, condition_writes)

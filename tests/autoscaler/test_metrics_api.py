@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import ssl
 import urllib.error
 import urllib.request
@@ -157,9 +158,9 @@ def test_bad_rule_refused():
     from autoscaler.config import ConfigError, parse
     from autoscaler.prom import BadQuery
 
-    with pytest.raises(ConfigError, match="unknown placeholder {pod}"):
+    with pytest.raises(ConfigError, match=re.escape("unknown placeholder {pod}")):
         parse(MetricsApiConfig, {"metrics": [{"name": "q", "extra_object_query": "x{{a=\"{pod}\"}}"}]})
-    with pytest.raises(ConfigError, match="metrics.0.series: must be a Prometheus metric name"):
+    with pytest.raises(ConfigError, match=re.escape("metrics.0.series: must be a Prometheus metric name")):
         parse(MetricsApiConfig, {"metrics": [{"name": "q", "series": "rate(x[1m])"}]})
 
     class Rejecting:
@@ -171,7 +172,7 @@ def test_bad_rule_refused():
         Backend(config, Rejecting(), FakePods()).validate()
 
 
-# ---- delegated authorization: the user behind the aggregator -----------------------------------------------------------
+# ---- delegated authorization: the user behind the aggregator ---------------------------------------------------------
 def alice_reads_pod_queue_depth_in_inf(spec) -> bool:
     """The RBAC of these tests: alice may read pods/queue_depth in inf; discovery is open to authenticated users."""
     attrs = spec.get("resourceAttributes")

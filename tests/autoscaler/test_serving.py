@@ -195,7 +195,8 @@ def test_synthetic_trace_has_the_shape_of_the_code_trace_and_round_trips_through
     path = tmp_path / "trace.csv"
     write_trace(path, arrivals[:50])
     back = load_trace(path)
-    assert [(round(a.t, 3), a.context_tokens) for a in back] == [(round(a.t, 3), a.context_tokens) for a in arrivals[:50]]
+    assert ([(round(a.t, 3), a.context_tokens) for a in back]
+            == [(round(a.t, 3), a.context_tokens) for a in arrivals[:50]])
 
 
 def test_table_shows_a_min_replicas_column_only_when_a_row_has_a_floor():

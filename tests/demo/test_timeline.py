@@ -2,6 +2,8 @@
 trace in compressed time; the components' configs valid."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from autoscaler.config import AutoscalerConfig
@@ -41,8 +43,8 @@ def test_same_arguments_same_timeline_and_every_name_once():
 def test_scaled_to_the_duration():
     short, long = build_timeline(60), build_timeline(300)
     assert [s.name for s in short] == [s.name for s in long]
-    for s, l in zip(short, long):
-        assert l.at_s == pytest.approx(5 * s.at_s)
+    for s, s_long in zip(short, long, strict=True):
+        assert s_long.at_s == pytest.approx(5 * s.at_s)
     assert max(s.at_s for s in long) <= 0.75 * 300
 
 
@@ -92,7 +94,7 @@ def test_service_arrivals_rotate_scale_and_compress():
     # seconds: trace seconds 30..80, the last one's second copy past the end.
     assert len(out) == 2 * 51 - 1
     assert out[0].t == 0.0 and out[-1].t <= 5
-    assert all(b.t >= a.t for a, b in zip(out, out[1:]))
+    assert all(b.t >= a.t for a, b in itertools.pairwise(out))
     whole = service_arrivals(trace, InferenceService("s", 1, 30.0), speed=1, duration_s=1000)
     assert len(whole) == 100  # the trace wraps around
     with pytest.raises(ValueError):

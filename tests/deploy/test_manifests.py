@@ -184,14 +184,16 @@ def test_the_extender_and_the_second_scheduler_are_wired_for_mtls():
     extender with that secret's CA."""
     path = DEPLOY / "overlays" / "second-scheduler"
     extender = named(path, "Deployment", "gpuaas-extender")
-    config_map = next(o for o in objects(path, "ConfigMap") if o["metadata"]["name"].startswith("gpuaas-extender-config"))
+    config_map = next(o for o in objects(path, "ConfigMap")
+                      if o["metadata"]["name"].startswith("gpuaas-extender-config"))
     config = ExtenderConfig.model_validate(yaml.safe_load(config_map["data"]["extender.yaml"]))
     assert config.tls is not None and config.tls.client_names == ["system:kube-scheduler"]
     mounts = _mounts(extender)
     for file in (config.tls.cert_file, config.tls.key_file, config.tls.client_ca_file):
         assert mounts[str(file.parent)] == "gpuaas-extender-tls"
     scheduler = named(path, "Deployment", "gpuaas-scheduler")
-    sched_map = next(o for o in objects(path, "ConfigMap") if o["metadata"]["name"].startswith("gpuaas-scheduler-config"))
+    sched_map = next(o for o in objects(path, "ConfigMap")
+                     if o["metadata"]["name"].startswith("gpuaas-scheduler-config"))
     tls = yaml.safe_load(sched_map["data"]["scheduler-config.yaml"])["extenders"][0]["tlsConfig"]
     assert set(tls) == {"caFile", "certFile", "keyFile"}
     for file in tls.values():

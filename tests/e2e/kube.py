@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,9 +72,10 @@ def lease_rules(name: str, *, watch: bool = True) -> list[dict]:
 
 @contextmanager
 def registered_custom_metrics_api(cluster, namespace: str, port: int, manifest: Path):
-    """The APIServices of `manifest` (deploy/bases/custom-metrics-api/apiservices.yaml) pointed at a server on 127.0.0.1:`port`, until
-    the block ends. No kube-proxy here: the Service is an ExternalName `localhost`, which the aggregator resolves
-    (without --enable-aggregator-routing) to localhost at the APIService's port, so every packet stays on loopback."""
+    """The APIServices of `manifest` (deploy/bases/custom-metrics-api/apiservices.yaml) pointed at a server on
+    127.0.0.1:`port`, until the block ends. No kube-proxy here: the Service is an ExternalName `localhost`, which the
+    aggregator resolves (without --enable-aggregator-routing) to localhost at the APIService's port, so every packet
+    stays on loopback."""
     service = "gpuaas-custom-metrics"
     client.CoreV1Api(cluster.api).create_namespaced_service(namespace, {"metadata": {"name": service}, "spec": {
         "type": "ExternalName", "externalName": "localhost",
@@ -97,7 +98,5 @@ def registered_custom_metrics_api(cluster, namespace: str, port: int, manifest: 
         yield names
     finally:
         for n in names:
-            try:
+            with suppress(client.ApiException):
                 reg.delete_api_service(n)
-            except client.ApiException:
-                pass

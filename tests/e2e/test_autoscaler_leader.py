@@ -126,7 +126,8 @@ def test_two_autoscalers_only_the_leader_scales_and_the_other_takes_over(cluster
         last_renewal = max(r.renew_time for r in records if r.holder_identity == leader.name)
         print(json.dumps({"takeover_s": round(now["acquired_at"] - killed_at, 3),
                           "first_sync_s": round(now["first_sync_at"] - killed_at, 3), "lease_duration_s": LEASE_S,
-                          "acquired_after_expiry_s": round(now["acquired_at"] - last_renewal.timestamp() - LEASE_S, 3)}))
+                          "acquired_after_expiry_s": round(now["acquired_at"] - last_renewal.timestamp() - LEASE_S,
+                                                           3)}))
         assert now["acquired_at"] >= last_renewal.timestamp() + LEASE_S, (last_renewal, now)
         assert [r.holder_identity for r in records][-1] == standby.name
         lease = coord.read_namespaced_lease(LEASE, namespace)

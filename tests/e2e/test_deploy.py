@@ -1,6 +1,7 @@
 """What deploy/ ships is accepted by the real apiserver and the real kube-scheduler."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import pytest
@@ -91,7 +92,5 @@ def test_second_scheduler_and_extender_schedule_a_gpu_pod_with_only_their_shippe
         if scheduler is not None:
             terminate(scheduler.pid, str(cp.tools.kube_scheduler), popen=scheduler)
         extender.stop()
-        try:
+        with contextlib.suppress(client.ApiException):
             coord.delete_namespaced_lease("gpuaas-scheduler", NAMESPACE)
-        except client.ApiException:
-            pass

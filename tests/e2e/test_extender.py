@@ -184,7 +184,7 @@ def test_nothing_is_bound_while_the_extender_is_down_and_everything_after(gpu_cl
     wait_for(lambda: len(running_on(cluster.api, ns)) >= 3, interval=0.02, what="the burst under way")
     extender.kill()  # mid-burst: filter, prioritize and bind calls in flight are cut
     later = [f"burst-{i:02d}" for i in range(12, len(sizes))]
-    for name, gpus in zip(later, sizes[12:]):  # the burst goes on while gpuaas is down
+    for name, gpus in zip(later, sizes[12:], strict=True):  # the burst goes on while gpuaas is down
         core.create_namespaced_pod(ns, gpu_pod(name, ns, gpus=gpus))
     # ignorable: false. Every pod created while gpuaas is down is tried by the scheduler and fails; none is bound.
     wait_for(lambda: all(scheduled_false(cluster.api, ns, n) for n in later), timeout=60,

@@ -161,7 +161,8 @@ def test_only_users_allowed_by_rbac_read_the_metrics_and_the_hpa_still_does(clus
     rbac.delete_cluster_role_binding(AUTH_DELEGATOR_BINDING)
     try:
         code, status = wait_for(lambda: (r := as_the_aggregator(served, path, f"carol-{time.monotonic_ns()}"))[0]
-                                == 500 and r, timeout=30, what="a 500 once the server may not create SubjectAccessReviews")
+                                == 500 and r, timeout=30,
+                                what="a 500 once the server may not create SubjectAccessReviews")
         assert "system:auth-delegator" in status["message"] and "cannot authorize user" in status["message"]
     finally:
         rbac.create_cluster_role_binding({"metadata": {"name": AUTH_DELEGATOR_BINDING},

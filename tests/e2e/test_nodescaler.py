@@ -287,8 +287,8 @@ def test_controller_killed_at_random_points_during_twenty_drains(env, ns):
         pdbs.stop()
         deletions.stop()
     outcomes = [o for _, o in deletions.drains.values()]
-    print(json.dumps({"kills": kills, "kills_with_a_drain_open": kills_mid_drain, "drains": len(outcomes), "deleted": outcomes.count("deleted"),
-                      "rolled_back": outcomes.count("rolled-back")}))
+    print(json.dumps({"kills": kills, "kills_with_a_drain_open": kills_mid_drain, "drains": len(outcomes),
+                      "deleted": outcomes.count("deleted"), "rolled_back": outcomes.count("rolled-back")}))
     assert kills >= 5 and kills_mid_drain >= 3
     # The PDB checker saw the budget met before the first drain and kept polling while the drains went on; without
     # that, "no violation" would say nothing.

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 from pathlib import Path
+from typing import ClassVar
 
 import aiohttp
 import pytest
@@ -26,14 +28,15 @@ def pki(tmp_path_factory):
     base = tmp_path_factory.mktemp("pki")
     p = create_pki(base / "cluster")
     issue_serving_cert(p, "extender", "gpuaas-extender")
-    foreign = create_pki(base / "foreign")  # a CA the extender does not trust, with a certificate named as the scheduler
+    # A CA the extender does not trust, with a certificate named as the scheduler.
+    foreign = create_pki(base / "foreign")
     return p, foreign
 
 
 class FakeReviewer:
     """kube-apiserver's answers: tokens of alice and bob; alice may get pods in ml, bob may get /metrics."""
 
-    TOKENS = {"alice-token": "alice", "bob-token": "bob"}
+    TOKENS: ClassVar[dict[str, str]] = {"alice-token": "alice", "bob-token": "bob"}
 
     def __init__(self):
         self.token_reviews, self.access_reviews = [], []
@@ -143,9 +146,9 @@ def test_a_certificate_from_another_ca_fails_the_handshake(pki):
         ctx = client_ctx(p)
         ctx.load_cert_chain(foreign.path("scheduler.crt"), foreign.path("scheduler.key"))  # CN system:kube-scheduler
         try:
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
-                async with session.post(f"https://localhost:{port}/bind", data=json.dumps(BIND)) as resp:
-                    return resp.status
+            async with (aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session,
+                        session.post(f"https://localhost:{port}/bind", data=json.dumps(BIND)) as resp):
+                return resp.status
         finally:
             await runner.cleanup()
 
@@ -180,7 +183,7 @@ def test_without_a_cluster_tokens_cannot_be_reviewed(pki):
 
 
 def test_plain_http_is_refused_beyond_loopback(pki):
-    with pytest.raises(ValueError, match="host: 0.0.0.0 is reachable from other machines"):
+    with pytest.raises(ValueError, match=re.escape("host: 0.0.0.0 is reachable from other machines")):
         ExtenderConfig(host="0.0.0.0")
     assert ExtenderConfig().host == "127.0.0.1"
     tls_config(pki[0])  # with tls, any address

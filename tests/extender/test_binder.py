@@ -36,13 +36,13 @@ def test_bindings_reuse_one_connection_and_carry_the_devices():
     async def go():
         app = web.Application()
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", binding)
-        async with TestServer(app) as server:
-            async with aiohttp.ClientSession(base_url=str(server.make_url("/"))) as session:
-                binder = ApiBinder(session)
-                for i in range(3):
-                    await binder.bind("team-a", f"p{i}", f"uid-{i}", "node-1", {"gpuaas.io/devices": str(i)})
-                with pytest.raises(BindError, match='HTTP 404: nodes "gone" not found'):
-                    await binder.bind("team-a", "p3", "uid-3", "gone", {})
+        async with (TestServer(app) as server,
+                    aiohttp.ClientSession(base_url=str(server.make_url("/"))) as session):
+            binder = ApiBinder(session)
+            for i in range(3):
+                await binder.bind("team-a", f"p{i}", f"uid-{i}", "node-1", {"gpuaas.io/devices": str(i)})
+            with pytest.raises(BindError, match='HTTP 404: nodes "gone" not found'):
+                await binder.bind("team-a", "p3", "uid-3", "gone", {})
 
     asyncio.run(go())
     assert [b["metadata"]["annotations"] for b in seen[:3]] == [{"gpuaas.io/devices": str(i)} for i in range(3)]

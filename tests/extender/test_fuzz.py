@@ -36,9 +36,8 @@ from .fixtures import bound, names, nodes, pending
 EXAMPLES = {"filter": 300, "prioritize": 200, "bind": 200, "explain": 200, "raw": 300, "nodes_in_body": 150,
             "nodes_in_model": 150, "generated": 150, "seeded": 18_350}
 EXAMPLES_TOTAL = sum(EXAMPLES.values())
-SETTINGS = dict(deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.filter_too_much])
+SETTINGS = {"deadline": None, "derandomize": True, "database": None,
+            "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]}
 
 VALID = {"Pod": pending("probe", gpus=1), "NodeNames": names()}
 
@@ -94,7 +93,7 @@ def harness():
     h = Harness()
     yield h
     h.close()
-    for logger, level in zip(quiet, levels):
+    for logger, level in zip(quiet, levels, strict=True):
         logger.setLevel(level)
 
 

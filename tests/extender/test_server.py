@@ -57,7 +57,7 @@ def test_structural_misfits_are_unresolvable_with_a_reason_a_user_understands():
             d = await post(c, "/filter", {"Pod": pending("mig-a30", mig="1g.6gb"), "NodeNames": names()})
             return a, b, d
 
-    (sa, a), (sb, b), (sd, d) = run(go())
+    (_sa, a), (_sb, b), (_sd, d) = run(go())
     assert a["NodeNames"] == ["h100-0000", "h100-0001"]
     assert a["FailedAndUnresolvableNodes"]["a100-0001"] == \
         "GPU model A100-80GB is not one the pod accepts (H100-80GB)"

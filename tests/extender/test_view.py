@@ -57,7 +57,7 @@ def test_node_heartbeats_do_not_rebuild_the_model():
 
 def test_assumption_is_kept_until_confirmed_and_dropped_after_its_ttl(clock):
     view = view_with_nodes(clock)
-    state, _ = view.snapshot()
+    _state, _ = view.snapshot()
     demand = view.demand(pending("p", gpus=8))
     view.assume("ml/p", "a100-0002", demand, tuple(range(8)))
     assert free_gpus(view, "a100-0002") == 0

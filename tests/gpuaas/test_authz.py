@@ -88,7 +88,8 @@ def test_the_access_review_carries_the_user_and_the_attributes():
 
 
 @pytest.mark.parametrize("status, decision", [
-    ({"allowed": True, "reason": 'RBAC: allowed by RoleBinding "r"'}, Decision(True, 'RBAC: allowed by RoleBinding "r"')),
+    ({"allowed": True, "reason": 'RBAC: allowed by RoleBinding "r"'},
+     Decision(True, 'RBAC: allowed by RoleBinding "r"')),
     ({"allowed": False}, Decision(False)),  # no opinion: denied
     ({"allowed": False, "denied": True, "reason": "webhook says no"}, Decision(False, "webhook says no")),
     ({"allowed": False, "evaluationError": "role r not found"}, Decision(False, "role r not found")),

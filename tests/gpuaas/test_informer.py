@@ -169,7 +169,7 @@ def test_split_lines_accepts_a_line_exactly_at_the_bound():
 def test_split_lines_does_not_depend_on_how_the_stream_is_cut(lines, cuts):
     body = b"".join(line + b"\n" for line in lines)
     points = sorted({min(c, len(body)) for c in cuts})
-    parts = [body[a:b] for a, b in zip([0, *points], [*points, len(body)])]
+    parts = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
     assert run(_split(parts)) == lines
 
 

@@ -240,7 +240,7 @@ def test_the_leader_and_a_candidate_of_a_free_lease_go_by_ticks():
                         timings=T) == pytest.approx(9.7)
 
 
-# ---- simulated kills and partitions -----------------------------------------------------------------------------------
+# ---- simulated kills and partitions ----------------------------------------------------------------------------------
 class Sim:
     """Real time `t` advances in 1 ms steps; each elector steps whenever its own schedule says an attempt is due (its
     run loop, minus the threads); a watching elector gets every stored Lease `lag` seconds after the write."""

@@ -183,7 +183,7 @@ def fifo_latencies(unschedulable_at: list[float], requested_at: list[float]) -> 
     requested (any pending pod may take any new node, so which pod a grow was "for" is arbitrary). A node requested
     before its pod turned unschedulable counts 0."""
     pods, nodes = sorted(unschedulable_at), sorted(requested_at)
-    return [max(0.0, n - p) for p, n in zip(pods, nodes)]
+    return [max(0.0, n - p) for p, n in zip(pods, nodes, strict=False)]  # pods without a node yet: not counted
 
 
 def failed_scheduling_times(api: client.ApiClient, namespace: str, prefix: str = "") -> dict[str, float]:

@@ -1,6 +1,7 @@
 """The end-to-end tests' helpers: the scale-up latency measure (first come, first served), and the background
 checkers, which must fail loudly when they could not check."""
 import threading
+from typing import ClassVar
 
 import pytest
 from kubernetes import client
@@ -17,7 +18,7 @@ def test_kth_pod_is_served_by_kth_node_and_early_nodes_count_zero():
 
 # ---- the background checkers of the end-to-end tests fail loudly ---------------------------------------------------
 class _Failing(_Thread):
-    violations: list = []
+    violations: ClassVar[list[str]] = []
 
     def __init__(self):
         super().__init__()
@@ -40,7 +41,8 @@ def test_a_checker_that_could_not_check_fails_assert_ok():
 
 
 class _FakeCore:
-    """Nodes `a` (still there) and `b` (gone while the watch was down, a pod still bound to it); the watch is too old."""
+    """Nodes `a` (still there) and `b` (gone while the watch was down, a pod still bound to it); the watch is too
+    old."""
 
     def list_node(self, **kw):
         if kw.get("watch"):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from scoring.constraints import NodeConstraints, allows
 from nodescaler.scaleout import plan_scale_out
 from nodescaler.snapshot import build_snapshot
+from scoring.constraints import NodeConstraints, allows
 
 from .builders import A100X8, T0, config, pending
 
@@ -30,8 +30,10 @@ def aff(*exprs):
     ({"affinity": aff(("gpus", "Gt", ["4"]), ("team", "DoesNotExist", []))}, (), True),
     ({"affinity": aff(("gpus", "Lt", ["4"]))}, (), False),
     ({}, (("dedicated", "ml", "NoSchedule"),), False),
-    ({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}]}, (("dedicated", "ml", "NoSchedule"),), True),
-    ({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "x"}]}, (("dedicated", "ml", "NoSchedule"),), False),
+    ({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}]}, (("dedicated", "ml", "NoSchedule"),),
+     True),
+    ({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "x"}]}, (("dedicated", "ml", "NoSchedule"),),
+     False),
     ({"tolerations": [{"operator": "Exists"}]}, (("anything", "", "NoExecute"),), True),
     ({}, (("soft", "", "PreferNoSchedule"),), True),  # only NoSchedule and NoExecute filter
     ({}, (("gpuaas.io/draining", "d1", "NoSchedule"),), True),  # cordons are handled apart

@@ -11,12 +11,13 @@ import asyncio
 import threading
 import time
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 
 import nodescaler.service as service_module
 from nodescaler.controller import KubeCluster, NodeScaler
-from nodescaler.provider import FakeProvider, KwokProvider
+from nodescaler.provider import FakeProvider, KwokProvider, ProviderError
 from nodescaler.service import Service
 from runtime.informer import Health, Informer
 
@@ -46,7 +47,7 @@ class Log:
 class FakeInformer:
     """Synced at once, with the objects given, and healthy; never watches anything."""
 
-    objects: dict[str, list[dict]] = {}
+    objects: ClassVar[dict[str, list[dict]]] = {}
     readiness = staticmethod(Informer.readiness)
     clock = staticmethod(time.monotonic)
 
@@ -223,9 +224,9 @@ def test_no_provider_or_event_write_starts_once_the_replica_may_not_act():
     provider.core = Recorder()
     allowed["v"] = False
     cluster._send_event({"kind": "Pod", "name": "p", "namespace": "ns"}, "Normal", "R", "m")
-    with pytest.raises(Exception):
+    with pytest.raises(ProviderError, match="may not act any more"):
         provider.grow(config(GROUPS).group("a100"), 2)
-    with pytest.raises(Exception):
+    with pytest.raises(ProviderError, match="may not act any more"):
         provider.delete_node(config(GROUPS).group("a100"), "n")
     assert cluster.core.calls == [] and provider.core.calls == []
 

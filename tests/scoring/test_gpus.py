@@ -1,4 +1,5 @@
-"""MIG geometry and GPU catalog, checked against the lgipp table (packing-anchors §3.1) and mig-parted's named configs."""
+"""MIG geometry and GPU catalog, checked against the lgipp table (packing-anchors §3.1) and mig-parted's named
+configs."""
 import pytest
 
 from scoring.gpus import (

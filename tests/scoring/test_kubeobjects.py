@@ -114,7 +114,7 @@ def test_device_annotation():
     pod["metadata"]["annotations"]["gpuaas.io/devices"] = "4,5"
     assert assigned_devices(pod) == (4, 5)
     pod["metadata"]["annotations"]["gpuaas.io/devices"] = "four"
-    with pytest.raises(ObjectError, match="gpuaas.io/devices"):
+    with pytest.raises(ObjectError, match=re.escape("gpuaas.io/devices")):
         assigned_devices(pod)
 
 
@@ -276,7 +276,7 @@ def test_negative_requests_and_allocatable_are_refused_naming_the_field():
         pod_demand(pod)
     node = pool_node(model="A100-80GB", count=8)
     node["status"]["allocatable"]["nvidia.com/gpu"] = "-8"
-    with pytest.raises(ObjectError, match="allocatable nvidia.com/gpu: '-8' must be non-negative"):
+    with pytest.raises(ObjectError, match=re.escape("allocatable nvidia.com/gpu: '-8' must be non-negative")):
         node_spec(node)
 
 
@@ -300,7 +300,7 @@ def test_unreadable_nodes_are_refused_naming_the_field(mutate, message):
 def test_device_annotations_outside_the_node_are_refused(raw):
     pod = gpu_pod("p", gpus=1)
     pod["metadata"]["annotations"]["gpuaas.io/devices"] = raw
-    with pytest.raises(ObjectError, match="is not a list of GPU indices 0..7"):
+    with pytest.raises(ObjectError, match=re.escape("is not a list of GPU indices 0..7")):
         assigned_devices(pod)
 
 
@@ -362,7 +362,7 @@ def test_kubernetes_names(check, name, ok):
     if ok:
         assert check(name, "f") == name
     else:
-        with pytest.raises(InvalidName, match="^f: "):
+        with pytest.raises(InvalidName, match=r"^f: "):
             check(name, "f")
 
 
@@ -371,7 +371,7 @@ def test_mig_instances_that_do_not_fit_make_the_node_unreadable_not_the_model():
     built, a 500 on every request until the node changed."""
     node = pool_node(model="A100-80GB", count=1, mig="all-3g.40gb")
     node["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] = "3"
-    with pytest.raises(ObjectError, match="allocatable MIG instances do not fit its GPUs: 3 x 3g.40gb"):
+    with pytest.raises(ObjectError, match=re.escape("allocatable MIG instances do not fit its GPUs: 3 x 3g.40gb")):
         node_spec(node)
 
 

@@ -2,11 +2,17 @@
 import numpy as np
 import pytest
 
+from scoring.fit import feasible, misfit_reason
 from scoring.fragmentation import Shape, Workload
 from scoring.model import ClusterState, NodeSpec, PodDemand
-from scoring.fit import feasible, misfit_reason
 from scoring.policies import (
-    BestFitPolicy, FgdPolicy, LeastAllocatedPolicy, RandomPolicy, make_policy, normalize, select_node,
+    BestFitPolicy,
+    FgdPolicy,
+    LeastAllocatedPolicy,
+    RandomPolicy,
+    make_policy,
+    normalize,
+    select_node,
 )
 
 NODES = [
