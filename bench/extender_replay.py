@@ -1,12 +1,28 @@
 """Replay Alibaba trace pods into a KWOK slice of the trace's cluster through the real kube-scheduler and the gpuaas
-extender, and compare the GPU allocation ratio with `gpuaas simulate packing`'s engine on the same slice and pods.
+extender, and compare with `gpuaas simulate packing`'s engine (scoring.simulation.simulate) on the same slice and pods,
+in the same invocation.
 
 Both sides get the same pod list: the trace inflated to `--tune` x the slice's GPU capacity and shuffled by the seed,
 exactly as the simulator does it (scoring.simulation.inflate with the seed's first random draws). The simulator places
-them one by one; the cluster gets them all at once with the scheduler stopped, in order (the scheduler's queue takes
-them in creation order), then the scheduler starts and the run ends when every pod is bound or unschedulable.
-Prints JSON. Usage:
-  python bench/extender_replay.py --nodes CSV --pods CSV [--slice 200] [--tune 1.5] [--seed 42] [--policy gpuaas]
+them one by one in that order. The cluster gets them in one of two ways (`--mode`):
+
+  sequential  pod i is created only once pod i-1 is bound or has failed (its PodScheduled condition False, reason
+              Unschedulable, seen once); then the next one. A pod that failed stays in the scheduler's queue and may
+              bind later: what counts is what is bound at the end.
+  burst       every pod is created, in order, while kube-scheduler is stopped; then the scheduler is started. It does
+              not take them in creation order (its queue and its retries of Unschedulable pods reorder them), so the
+              bind order is recorded and the pairs bound out of creation order are counted.
+
+Either way the run ends only after `--quiet-s` seconds without a new binding (or when every pod is bound): a pod
+marked Unschedulable is retried and may bind later, so "every pod bound or Unschedulable" is not the end.
+
+Printed for both sides (one JSON object): the GPU allocation ratio at the end and when the first GPU pod failed, pods
+placed and failed by kind, GPUs left partly used (0 < used < 1000 milli; kubernetes: from each bound pod's
+gpuaas.io/devices annotation), and where the free GPU capacity is at the end (GPUs an unplaced GPU pod would fit but
+whose node is short of CPU or memory, fragments no unplaced pod fits, capacity an unplaced pod fits now).
+Usage:
+  python bench/extender_replay.py --nodes CSV --pods CSV [--mode sequential|burst] [--slice 100] [--tune 1.5]
+      [--seed 42] [--all-pods] [--gpu-only] [--quiet-s 30]
 """
 from __future__ import annotations
 
@@ -14,58 +30,474 @@ import argparse
 import json
 import random
 import tempfile
+import threading
 import time
 import urllib.request
+from bisect import bisect_right, insort
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from kubernetes import client
 
-from extender.schedconfig import extender_entry, gpuaas_profile
-from gpuaas.cluster.components import extender_process
-from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.process import free_port
-from gpuaas.simulate.traces import load_nodes, load_pods
-from gpuaas.workloads import pod_for_demand
-from runtime.pools import pools_from_node_specs
-from scoring.kubeobjects import pod_demand
-from scoring.model import ClusterState
-from scoring.simulation import inflate, simulate
+from scoring.fit import cpu_fits, devices_fit, memory_fits
+from scoring.kubeobjects import DEVICES_ANNOTATION, assigned_devices, node_spec, pod_demand
+from scoring.model import MILLI, ClusterState, PodDemand
+from scoring.simulation import SimulationResult, inflate, simulate
 
 NAMESPACE = "replay"
 
 
-def kind(pod) -> str:
+# -- pure helpers (tests/bench/test_extender_replay.py) ---------------------------------------------------------------
+
+def kind(pod: PodDemand) -> str:
     return "cpu-only" if not pod.gpus else "gpu-share" if pod.is_share else f"{pod.gpus}-gpu"
 
 
-def settled(core: client.CoreV1Api) -> tuple[int, int, list[dict]]:
-    """(bound, unschedulable, pods) right now."""
-    pods = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
-    bound = sum(1 for p in pods if p["spec"].get("nodeName"))
-    stuck = sum(1 for p in pods if not p["spec"].get("nodeName") and any(
-        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
-        for c in p.get("status", {}).get("conditions") or ()))
-    return bound, stuck, pods
+def kind_rank(name: str) -> tuple[int, int]:
+    """Sort key of kind(): cpu-only, gpu-share, 1-gpu, 2-gpu, ..."""
+    if name == "cpu-only":
+        return (0, 0)
+    if name == "gpu-share":
+        return (1, 0)
+    return (2, int(name.split("-")[0]))
+
+
+def by_kind(arrived: Sequence[PodDemand], placed: Sequence[bool]) -> dict[str, dict[str, int]]:
+    """{kind: {arrived, placed, failed}} in kind_rank order."""
+    came: Counter[str] = Counter()
+    got: Counter[str] = Counter()
+    for pod, ok in zip(arrived, placed, strict=True):
+        came[kind(pod)] += 1
+        got[kind(pod)] += bool(ok)
+    return {k: {"arrived": came[k], "placed": got[k], "failed": came[k] - got[k]} for k in sorted(came, key=kind_rank)}
+
+
+def out_of_order(creation_ranks_in_bind_order: Sequence[int]) -> dict[str, int]:
+    """How far the bind order departs from the creation order. The argument lists, in the order the pods were bound,
+    each pod's position in the creation order. `adjacent`: consecutive binds whose pods were created the other way
+    round; `pairs`: all pairs of bound pods bound in the opposite order to their creation (inversions), out of
+    `pairs_total`."""
+    ranks = list(creation_ranks_in_bind_order)
+    adjacent = sum(1 for a, b in pairwise(ranks) if a > b)
+    seen: list[int] = []
+    pairs = 0
+    for r in ranks:  # pods bound before r but created after it
+        pairs += len(seen) - bisect_right(seen, r)
+        insort(seen, r)
+    n = len(ranks)
+    return {"binds": n, "adjacent": adjacent, "adjacent_total": max(0, n - 1), "pairs": pairs,
+            "pairs_total": n * (n - 1) // 2}
+
+
+def gpu_use(placements: Iterable[tuple[str, Sequence[int], PodDemand]]) -> dict[tuple[str, int], int]:
+    """GPU milli in use per (node, GPU index) from (node, devices, demand) of bound pods. Pods without devices
+    (CPU-only pods, or GPU pods bound without the gpuaas.io/devices annotation) add nothing."""
+    use: Counter[tuple[str, int]] = Counter()
+    for node, devices, pod in placements:
+        if not pod.gpus or pod.mig_profile:
+            continue
+        for d in devices:
+            use[(node, d)] += pod.gpu_milli
+    return dict(use)
+
+
+def partly_used(use: dict[tuple[str, int], int]) -> int:
+    """GPUs with 0 < used < 1000 milli."""
+    return sum(1 for v in use.values() if 0 < v < MILLI)
+
+
+def partly_used_in_state(state: ClusterState) -> int:
+    """The same count for a model cluster (the simulator's final_state): GPUs (not MIG) with 0 < free < 1000."""
+    real = state.gpu_exists & ~state.mig_enabled
+    return int(((state.gpu_left > 0) & (state.gpu_left < MILLI) & real).sum())
+
+
+def ratio(used_milli: float, total_milli: float) -> float:
+    return round(100.0 * used_milli / total_milli, 2) if total_milli else 0.0
+
+
+def first_gpu_failure(pods: Sequence[PodDemand], placed: Sequence[bool]) -> int | None:
+    """Index of the first GPU pod not placed, or None."""
+    return next((i for i, (p, ok) in enumerate(zip(pods, placed, strict=True)) if p.gpus and not ok), None)
+
+
+def free_gpu_breakdown(state: ClusterState, unplaced: Sequence[PodDemand]) -> dict[str, Any]:
+    """Where the free GPU capacity of a final cluster is, against the GPU pods left unplaced: on nodes where one of
+    them fits now (the scheduler has not placed it: a retry not yet made), on nodes where one fits by GPUs and model
+    but not by CPU or memory (GPUs stranded by the CPU and memory other pods took), or elsewhere (fragments too small
+    or of a model none of them accepts). Each node goes to the first class it meets in that order. Also the CPU-only
+    pods on the nodes short of CPU or memory and the CPU they hold, and how many unplaced GPU pods fit now."""
+    n = len(state)
+    fits_now = np.zeros(n, dtype=bool)
+    gpus_fit = np.zeros(n, dtype=bool)
+    fit_somewhere = 0
+    by_shape: dict[PodDemand, bool] = {}
+    for pod in unplaced:
+        if not pod.gpus:
+            continue
+        shape = replace(pod, name="")
+        if shape not in by_shape:
+            dev = state.model_allowed(pod) & devices_fit(state, pod)
+            now = dev & cpu_fits(state, pod) & memory_fits(state, pod)
+            gpus_fit |= dev
+            fits_now |= now
+            by_shape[shape] = bool(now.any())
+        fit_somewhere += by_shape[shape]
+    free = np.where(state.gpu_exists, state.gpu_left, 0).sum(axis=1)
+    short = gpus_fit & ~fits_now
+    cpu_pods = [(i, p) for i in np.flatnonzero(short) for p, _ in state.pods_on[i] if not p.gpus]
+    return {
+        "free_gpu_milli": int(free.sum()),
+        "on_nodes_where_an_unplaced_gpu_pod_fits_now": int(free[fits_now].sum()),
+        "on_nodes_short_of_cpu_or_memory": int(free[short].sum()),
+        "elsewhere_fragments_or_model": int(free[~gpus_fit].sum()),
+        "nodes_short_of_cpu_or_memory": int(short.sum()),
+        "cpu_only_pods_on_those_nodes": len(cpu_pods),
+        "cpu_milli_of_those_cpu_only_pods": int(sum(p.cpu_milli for _, p in cpu_pods)),
+        "unplaced_gpu_pods_that_fit_now": int(fit_somewhere),
+    }
+
+
+def cpu_only_on_gpu_nodes(state: ClusterState) -> dict[str, int]:
+    """CPU-only pods on nodes with GPUs, the nodes holding them, and the CPU they take."""
+    pods = [(i, p) for i in range(len(state)) if state.gpu_count[i] for p, _ in state.pods_on[i] if not p.gpus]
+    return {"pods": len(pods), "nodes": len({i for i, _ in pods}), "cpu_milli": sum(p.cpu_milli for _, p in pods)}
+
+
+def simulator_summary(sim: SimulationResult) -> dict[str, Any]:
+    assert sim.node_of is not None and sim.final_state is not None
+    placed = [bool(x >= 0) for x in sim.node_of]
+    first = first_gpu_failure(sim.arrivals, placed)
+    unplaced = [p for p, ok in zip(sim.arrivals, placed, strict=True) if not ok]
+    return {
+        "allocation_ratio": ratio(sim.used_milli[-1], sim.total_gpu_milli),
+        "first_gpu_failure": None if first is None else {
+            "pod_index": first, "allocation_ratio": ratio(sim.used_milli[first], sim.total_gpu_milli),
+            "arrived_ratio": ratio(sim.arrived_milli[first], sim.total_gpu_milli)},
+        "placed_pods": sum(placed), "failed_pods": sim.failed,
+        "by_kind": by_kind(sim.arrivals, placed),
+        "partly_used_gpus": partly_used_in_state(sim.final_state),
+        "cpu_only_pods_on_gpu_nodes": cpu_only_on_gpu_nodes(sim.final_state),
+        "free_gpu_at_end": free_gpu_breakdown(sim.final_state, unplaced),
+        "seconds": round(sim.wall_seconds, 2),
+    }
+
+
+# -- the cluster side -------------------------------------------------------------------------------------------------
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The reason of a PodScheduled=False condition, or None."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("reason") or "?")
+    return None
+
+
+class PodWatch:
+    """Watches the replay namespace: the order and time pods are bound (first event with spec.nodeName; watch events
+    come in etcd order, so this is the order the bindings were written), when each was first marked Unschedulable,
+    and the GPU milli bound at any moment. Waiters use `cond`."""
+
+    def __init__(self, core: Any, demand_of: dict[str, PodDemand], t0: float) -> None:
+        self.core = core
+        self.demand_of = demand_of
+        self.t0 = t0
+        self.cond = threading.Condition()
+        self.bound: dict[str, float] = {}  # name -> seconds since t0, in bind order
+        self.failed: dict[str, tuple[float, str]] = {}  # name -> (first seen, reason)
+        self.bound_gpu_milli = 0
+        self.last_bind = t0
+        self._stop = False
+        self.listed = threading.Event()  # the first list is in: bindings from now on are seen in order
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self.listed.wait(60):
+            raise SystemExit("the pod watch could not list the replay namespace")
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=40)
+
+    def _see(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        now = time.monotonic()
+        with self.cond:
+            if pod["spec"].get("nodeName") and name not in self.bound:
+                self.bound[name] = now - self.t0
+                self.last_bind = now
+                demand = self.demand_of.get(name)
+                self.bound_gpu_milli += demand.total_gpu_milli if demand else 0
+                self.cond.notify_all()
+            elif name not in self.failed and not pod["spec"].get("nodeName"):
+                reason = unschedulable(pod)
+                if reason is not None:
+                    self.failed[name] = (now - self.t0, reason)
+                    self.cond.notify_all()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+        rv = None
+        while not self._stop:
+            try:
+                if rv is None:
+                    listed = json.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)
+                    for pod in listed["items"]:
+                        self._see(pod)
+                    rv = listed["metadata"]["resourceVersion"]
+                    self.listed.set()
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_namespaced_pod, NAMESPACE, resource_version=rv,
+                                   timeout_seconds=10, deserialize=False, allow_watch_bookmarks=True):
+                    obj = ev["object"]
+                    if ev["type"] == "ERROR":
+                        rv = None  # expired: list again
+                        break
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._see(obj)
+                    if self._stop:
+                        break
+            except Exception as err:  # a dropped connection: list again, never lose a binding
+                self.errors.append(repr(err)[:200])
+                rv = None
+                time.sleep(0.5)
+
+    def wait(self, name: str, timeout: float) -> str:
+        """Until pod `name` is bound ("bound") or marked unschedulable ("failed"), or `timeout` ("timeout")."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                if name in self.bound:
+                    return "bound"
+                if name in self.failed:
+                    return "failed"
+                left = end - time.monotonic()
+                if left <= 0:
+                    return "timeout"
+                self.cond.wait(left)
+
+    def quiet(self, total: int, quiet_s: float, deadline: float, since: float) -> str:
+        """Until every pod is bound ("all bound"), or `quiet_s` pass without a new binding ("quiet"), or `deadline`."""
+        with self.cond:
+            while True:
+                if len(self.bound) >= total:
+                    return "all bound"
+                now = time.monotonic()
+                if now - max(self.last_bind, since) >= quiet_s:
+                    return "quiet"
+                if now >= deadline:
+                    return "timeout"
+                self.cond.wait(min(1.0, deadline - now, quiet_s - (now - max(self.last_bind, since)) + 0.01))
+
+
+def kubernetes_state(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
+                     ) -> tuple[ClusterState, list[tuple[str, tuple[int, ...], PodDemand]], dict[str, int]]:
+    """The cluster at the end as the model sees it: its nodes (from the Node objects) and its bound pods placed on the
+    devices of their gpuaas.io/devices annotation. GPU pods bound without it (not by gpuaas) are placed on the first
+    GPUs free enough, and counted."""
+    specs = [node_spec(n) for n in nodes]
+    state = ClusterState(specs)
+    index = {s.name: i for i, s in enumerate(specs)}
+    placements: list[tuple[str, tuple[int, ...], PodDemand]] = []
+    issues = Counter({"gpu_pods_without_devices": 0, "placements_that_do_not_fit": 0})
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if not node:
+            continue
+        demand = pod_demand(pod)
+        devices = assigned_devices(pod)
+        if devices is None:
+            devices = ()
+            if demand.gpus:
+                issues["gpu_pods_without_devices"] += 1
+                free = [g for g in range(int(state.gpu_count[index[node]]))
+                        if state.gpu_left[index[node], g] >= demand.gpu_milli]
+                devices = tuple(free[:demand.gpus])
+        else:
+            placements.append((node, devices, demand))
+        try:
+            state.place(index[node], demand, devices)
+        except (ValueError, KeyError):
+            issues["placements_that_do_not_fit"] += 1
+    return state, placements, dict(issues)
+
+
+def extender_decisions(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        return {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+                for line in resp.read().decode().splitlines()
+                if line.startswith("gpuaas_extender_decisions_total{")}
+
+
+def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capacity: int) -> dict[str, Any]:
+    from kubernetes import client
+
+    from extender.schedconfig import extender_entry, gpuaas_profile
+    from gpuaas.cluster.components import extender_process
+    from gpuaas.cluster.local import LocalCluster
+    from gpuaas.cluster.process import free_port
+    from gpuaas.workloads import pod_for_demand
+
+    names = [f"p{i:05d}" for i in range(len(pods))]
+    demand_of = dict(zip(names, pods, strict=True))
+    timings: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="gpuaas-replay-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        port = free_port()
+        cluster = LocalCluster(workdir, name="replay",
+                               extenders=[extender_entry(f"http://127.0.0.1:{port}", all_pods=args.all_pods)],
+                               scheduler_profiles=[gpuaas_profile("default-scheduler", all_pods=args.all_pods)])
+        ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port)
+        watcher: PodWatch | None = None
+        try:
+            t = time.monotonic()
+            cluster.up(spec, timeout=300)
+            ext.start(timeout=60)
+            timings["cluster_up_s"] = time.monotonic() - t
+            core = client.CoreV1Api(cluster.api)
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+
+            def create(i: int) -> None:
+                core.create_namespaced_pod(NAMESPACE, pod_for_demand(names[i], NAMESPACE, pods[i]),
+                                           _preload_content=False)
+
+            first_fail: dict[str, Any] | None = None
+            first_marked: dict[str, Any] | None = None
+            outcomes: Counter[str] = Counter()
+            if args.mode == "sequential":
+                t0 = time.monotonic()
+                watcher = PodWatch(core, demand_of, t0)
+                watcher.start()
+                for i in range(len(pods)):
+                    create(i)
+                    outcome = watcher.wait(names[i], args.pod_timeout)
+                    outcomes[outcome] += 1
+                    if outcome != "bound" and pods[i].gpus and first_fail is None:
+                        with watcher.cond:
+                            first_fail = {
+                                "pod_index": i, "outcome": outcome,
+                                "allocation_ratio": ratio(watcher.bound_gpu_milli, capacity),
+                                "arrived_ratio": ratio(sum(p.total_gpu_milli for p in pods[:i + 1]), capacity),
+                                "seconds": round(time.monotonic() - t0, 1)}
+                    if time.monotonic() > t0 + args.timeout:
+                        raise SystemExit(f"sequential replay not done after {args.timeout}s: pod {i} of {len(pods)}")
+                timings["arrivals_s"] = time.monotonic() - t0
+                with watcher.cond:
+                    at_last = ratio(watcher.bound_gpu_milli, capacity)
+                end = watcher.quiet(len(pods), args.quiet_s, t0 + args.timeout + args.quiet_s, time.monotonic())
+            else:
+                cluster.control_plane.stop_scheduler()
+                t = time.monotonic()
+                for i in range(len(pods)):  # one at a time: creation order is index order, the simulator's order
+                    create(i)
+                timings["create_s"] = time.monotonic() - t
+                time.sleep(2)  # let the extender see the arrivals (its workload estimate) before scheduling starts
+                t0 = time.monotonic()
+                watcher = PodWatch(core, demand_of, t0)
+                watcher.start()
+                cluster.control_plane.start_scheduler()
+                end = watcher.quiet(len(pods), args.quiet_s, t0 + args.timeout, t0)
+                at_last = None
+            timings["schedule_s"] = time.monotonic() - t0  # includes the quiet period
+            with watcher.cond:
+                timings["last_bind_s"] = watcher.last_bind - t0
+                bind_order = list(watcher.bound)
+                bind_times = dict(watcher.bound)
+                marked = dict(watcher.failed)
+            watcher.stop()
+            if args.mode == "burst":
+                gpu_marked = sorted((t_, n) for n, (t_, _) in marked.items() if demand_of[n].gpus)
+                if gpu_marked:
+                    t_first, name = gpu_marked[0]
+                    before = sum(demand_of[n].total_gpu_milli for n, tb in bind_times.items() if tb <= t_first)
+                    first_marked = {"pod_index": names.index(name), "seconds": round(t_first, 1),
+                                    "allocation_ratio": ratio(before, capacity), "binds_before": sum(
+                                        1 for tb in bind_times.values() if tb <= t_first)}
+            objs = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
+            node_objs = json.loads(core.list_node(_preload_content=False).data)["items"]
+            out["extender_decisions"] = extender_decisions(ext.url)
+        finally:
+            if watcher is not None:
+                watcher.stop()
+            ext.stop()
+            cluster.down()
+
+    by_name = {p["metadata"]["name"]: p for p in objs}
+    bound_names = {n for n, p in by_name.items() if p["spec"].get("nodeName")}
+    # Bind order: as watched; a pod bound but not seen bound by the watch (none expected) goes by its PodScheduled
+    # lastTransitionTime.
+    missing = sorted(bound_names - set(bind_order), key=lambda n: next(
+        (c.get("lastTransitionTime", "") for c in by_name[n]["status"].get("conditions") or ()
+         if c.get("type") == "PodScheduled"), ""))
+    order = [n for n in bind_order if n in bound_names] + missing
+    rank = {n: i for i, n in enumerate(names)}
+    placed = [n in bound_names for n in names]
+    used = sum(pod_demand(by_name[n]).total_gpu_milli for n in bound_names)
+    state, placements, issues = kubernetes_state(node_objs, objs)
+    unplaced = [pods[i] for i, ok in enumerate(placed) if not ok]
+    late = [n for n in bound_names if n in marked]
+    out.update({
+        "allocation_ratio": ratio(used, capacity),
+        "first_gpu_failure": first_fail,
+        "first_gpu_failure_note": None if args.mode == "sequential" else (
+            "null in burst mode: every pod is pending at once and kube-scheduler takes them in its own order, "
+            "retrying Unschedulable ones later, so no moment of the run corresponds to 'the first GPU pod of the "
+            "arrival order that did not fit' (the simulator's measure). first_gpu_pod_marked_unschedulable gives "
+            "the allocation when the scheduler first marked a GPU pod Unschedulable, for reference only."),
+        "first_gpu_pod_marked_unschedulable": first_marked,
+        "allocation_ratio_when_last_pod_handled": at_last,
+        "end": end, "bound_pods": len(bound_names), "unbound_pods": len(names) - len(bound_names),
+        "by_kind": by_kind(pods, placed),
+        "sequential_outcomes": dict(outcomes) if args.mode == "sequential" else None,
+        "marked_unschedulable_pods": len(marked),
+        "marked_unschedulable_reasons": dict(Counter(r for _, r in marked.values())),
+        "bound_after_marked_unschedulable": {
+            "pods": len(late), "gpu_milli": sum(demand_of[n].total_gpu_milli for n in late),
+            "by_kind": dict(Counter(kind(demand_of[n]) for n in late)),
+            "last_bind_s": round(max((bind_times.get(n, 0.0) for n in late), default=0.0), 1)},
+        "bind_order_out_of_creation_order": out_of_order([rank[n] for n in order]),
+        "partly_used_gpus": partly_used(gpu_use(placements)),
+        "model_state_issues": issues,
+        "cpu_only_pods_on_gpu_nodes": cpu_only_on_gpu_nodes(state),
+        "free_gpu_at_end": free_gpu_breakdown(state, unplaced),
+        "watch_errors": watcher.errors[:5] if watcher else [],
+        "timings": {k: round(v, 1) for k, v in timings.items()},
+    })
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", required=True, help="openb_node_list_gpu_node.csv")
     parser.add_argument("--pods", required=True, help="openb_pod_list_default.csv")
-    parser.add_argument("--slice", type=int, default=200, help="nodes sampled from the cluster")
+    parser.add_argument("--mode", choices=("sequential", "burst"), default="sequential")
+    parser.add_argument("--slice", type=int, default=100, help="nodes sampled from the cluster")
     parser.add_argument("--tune", type=float, default=1.5)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--policy", default="gpuaas")
-    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--quiet-s", type=float, default=30.0,
+                        help="the run ends after this long without a new binding (or when every pod is bound)")
+    parser.add_argument("--pod-timeout", type=float, default=60.0,
+                        help="sequential: move on if a pod is neither bound nor Unschedulable after this long")
+    parser.add_argument("--timeout", type=float, default=1800, help="give up on the cluster side after this long")
     parser.add_argument("--gpu-only", action="store_true", help="leave CPU-only pods out of the replay")
     parser.add_argument("--all-pods", action="store_true",
                         help="send CPU-only pods to the extender too (extender_entry(all_pods=True))")
     parser.add_argument("--workdir", type=Path, help="keep the cluster's logs here (default: a temporary folder)")
     args = parser.parse_args()
 
+    from gpuaas.simulate.traces import load_nodes, load_pods
+    from runtime.pools import pools_from_node_specs
+
+    started = time.monotonic()
     all_nodes = load_nodes(args.nodes)
     nodes = random.Random(args.seed).sample(all_nodes, args.slice)
     spec = pools_from_node_specs(nodes)
@@ -75,63 +507,23 @@ def main() -> None:
     capacity = ClusterState(nodes).total_gpu_milli
     pods = inflate(trace, capacity, args.tune, np.random.default_rng(args.seed))
 
-    placed_in_sim: Counter = Counter()
-    sim = simulate(nodes, trace, args.policy, args.seed, tune=args.tune,
-                   on_place=lambda state, node, pod, gpus: placed_in_sim.update([kind(pod)]))
-    assert sim.pods == len(pods), "the replay must see the simulator's pod list"
-    sim_ratio = 100.0 * sim.used_milli[-1] / sim.total_gpu_milli
-
-    with tempfile.TemporaryDirectory(prefix="gpuaas-replay-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        port = free_port()
-        cluster = LocalCluster(workdir, name="replay",
-                               extenders=[extender_entry(f"http://127.0.0.1:{port}", all_pods=args.all_pods)],
-                               scheduler_profiles=[gpuaas_profile("default-scheduler", all_pods=args.all_pods)])
-        ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port)
-        try:
-            cluster.up(spec, timeout=300)
-            ext.start(timeout=60)
-            core = client.CoreV1Api(cluster.api)
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
-            cluster.control_plane.stop_scheduler()
-            with ThreadPoolExecutor(16) as ex:
-                list(ex.map(lambda i: core.create_namespaced_pod(
-                    NAMESPACE, pod_for_demand(f"p{i:05d}", NAMESPACE, pods[i]), _preload_content=False),
-                    range(len(pods))))
-            time.sleep(2)  # let the extender see the arrivals (its workload estimate) before scheduling starts
-            t0 = time.monotonic()
-            cluster.control_plane.start_scheduler()
-            while True:
-                bound, stuck, objs = settled(core)
-                if bound + stuck == len(pods):
-                    break
-                if time.monotonic() - t0 > args.timeout:
-                    raise SystemExit(f"not settled after {args.timeout}s: {bound} bound, {stuck} unschedulable")
-                time.sleep(1)
-            elapsed = time.monotonic() - t0
-            with urllib.request.urlopen(f"{ext.url}/metrics", timeout=5) as resp:
-                decisions = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
-                             for line in resp.read().decode().splitlines()
-                             if line.startswith("gpuaas_extender_decisions_total{")}
-        finally:
-            ext.stop()
-            cluster.down()
-
-    used = sum(pod_demand(p).total_gpu_milli for p in objs if p["spec"].get("nodeName"))
-    arrived = Counter(kind(p) for p in pods)
-    placed_in_k8s = Counter(kind(pod_demand(p)) for p in objs if p["spec"].get("nodeName"))
-    k8s_ratio = 100.0 * used / capacity
+    sim = simulate(nodes, trace, args.policy, args.seed, tune=args.tune)
+    assert sim.pods == len(pods) and all(a == b for a, b in zip(sim.arrivals, pods, strict=True)), \
+        "the replay must see the simulator's pod list"
+    simulator = simulator_summary(sim)
+    kubernetes = run_cluster(args, spec, pods, capacity)
+    diff = round(kubernetes["allocation_ratio"] - simulator["allocation_ratio"], 2)
     print(json.dumps({
-        "bench": "extender_replay", "policy": args.policy, "cpu_only_pods_sent_to_extender": args.all_pods,
-        "gpu_only": args.gpu_only, "seed": args.seed, "slice_nodes": args.slice,
-        "slice_gpus": capacity // 1000, "pods": len(pods), "tune": args.tune,
-        "simulator": {"allocation_ratio": round(sim_ratio, 2), "failed_pods": sim.failed},
-        "kubernetes": {"allocation_ratio": round(k8s_ratio, 2), "unschedulable_pods": stuck,
-                       "bound_pods": bound, "seconds": round(elapsed, 1)},
-        "difference_points": round(k8s_ratio - sim_ratio, 2), "target_abs_difference": 1.0,
-        "extender_decisions": decisions,
-        "failed_by_kind": {k: {"simulator": arrived[k] - placed_in_sim[k], "kubernetes": arrived[k] - placed_in_k8s[k],
-                               "arrived": arrived[k]} for k in sorted(arrived)},
+        "bench": "extender_replay",
+        "inputs": {"mode": args.mode, "seed": args.seed, "slice_nodes": args.slice, "tune": args.tune,
+                   "all_pods": args.all_pods, "gpu_only": args.gpu_only, "policy": args.policy,
+                   "quiet_s": args.quiet_s, "devices_annotation": DEVICES_ANNOTATION},
+        "slice_gpus": capacity // MILLI, "pods": len(pods),
+        "simulator": simulator,
+        "kubernetes": kubernetes,
+        "difference_points": diff, "target_abs_difference": 1.0,
+        "timings": {"simulator_s": simulator["seconds"], **kubernetes["timings"],
+                    "total_s": round(time.monotonic() - started, 1)},
     }, indent=2))
 
 

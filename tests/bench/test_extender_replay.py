@@ -1,0 +1,87 @@
+"""The pure helpers of bench/extender_replay.py: bind-order accounting, partly used GPUs, the loss breakdown."""
+from __future__ import annotations
+
+from bench.extender_replay import (
+    by_kind,
+    first_gpu_failure,
+    free_gpu_breakdown,
+    gpu_use,
+    kind,
+    out_of_order,
+    partly_used,
+    partly_used_in_state,
+)
+from scoring.model import ClusterState, NodeSpec, PodDemand
+
+CPU = PodDemand(cpu_milli=1000, memory_mib=1024)
+SHARE = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=400)
+ONE = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=1000)
+TWO = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=2, gpu_milli=1000)
+
+
+def test_out_of_order_counts_adjacent_and_all_pairs():
+    assert out_of_order([0, 1, 2, 3]) == {"binds": 4, "adjacent": 0, "adjacent_total": 3, "pairs": 0,
+                                          "pairs_total": 6}
+    reversed_ = out_of_order([3, 2, 1, 0])
+    assert (reversed_["adjacent"], reversed_["pairs"]) == (3, 6)
+    ranks = [2, 0, 3, 1, 5, 4]
+    brute = sum(1 for i in range(len(ranks)) for j in range(i + 1, len(ranks)) if ranks[i] > ranks[j])
+    got = out_of_order(ranks)
+    assert got["pairs"] == brute == 4
+    assert got["adjacent"] == 3  # 2>0, 3>1, 5>4
+    # Gaps in the ranks (pods never bound) do not matter, only the relative order.
+    assert out_of_order([10, 40, 20])["pairs"] == 1
+    assert out_of_order([]) == {"binds": 0, "adjacent": 0, "adjacent_total": 0, "pairs": 0, "pairs_total": 0}
+
+
+def test_partly_used_gpus_from_placements():
+    placements = [
+        ("a", (0,), SHARE), ("a", (0,), SHARE),  # 800 of GPU a/0: partly used
+        ("a", (1,), SHARE), ("a", (1,), SHARE),
+        ("b", (0, 1), TWO),  # whole GPUs: full, not partly used
+        ("b", (), CPU),  # CPU-only: nothing
+        ("c", (2,), PodDemand(gpus=1, gpu_milli=500)), ("c", (2,), PodDemand(gpus=1, gpu_milli=500)),  # full
+    ]
+    use = gpu_use(placements)
+    assert use == {("a", 0): 800, ("a", 1): 800, ("b", 0): 1000, ("b", 1): 1000, ("c", 2): 1000}
+    assert partly_used(use) == 2
+    assert partly_used({}) == 0
+
+
+def test_partly_used_in_state_matches_the_placement_count():
+    state = ClusterState([NodeSpec("a", 10_000, 64_000, 2, "T4"), NodeSpec("b", 10_000, 64_000, 2, "T4")])
+    placements = [("a", (0,), SHARE), ("a", (1,), ONE), ("b", (1,), SHARE), ("b", (1,), SHARE)]
+    for node, devices, pod in placements:
+        state.place(0 if node == "a" else 1, pod, devices)
+    assert partly_used_in_state(state) == partly_used(gpu_use(placements)) == 2
+
+
+def test_kinds_and_first_gpu_failure():
+    pods = [CPU, SHARE, ONE, TWO, CPU, ONE]
+    assert [kind(p) for p in pods] == ["cpu-only", "gpu-share", "1-gpu", "2-gpu", "cpu-only", "1-gpu"]
+    placed = [False, True, True, False, True, False]
+    assert first_gpu_failure(pods, placed) == 3  # a CPU-only failure does not count
+    assert first_gpu_failure(pods, [True] * 6) is None
+    table = by_kind(pods, placed)
+    assert list(table) == ["cpu-only", "gpu-share", "1-gpu", "2-gpu"]
+    assert table["cpu-only"] == {"arrived": 2, "placed": 1, "failed": 1}
+    assert table["1-gpu"] == {"arrived": 2, "placed": 1, "failed": 1}
+
+
+def test_free_gpu_breakdown_separates_cpu_stranding_from_fragments():
+    # n0: 2 free GPUs but its CPU is taken by a CPU-only pod -> stranded by CPU.
+    # n1: one GPU with 600 free -> a fragment the 1-GPU pod cannot use.
+    # n2: 1 free GPU and CPU to spare -> an unplaced 1-GPU pod fits now.
+    state = ClusterState([NodeSpec(f"n{i}", 8_000, 64_000, 2, "T4") for i in range(3)])
+    state.place(0, PodDemand(cpu_milli=7_500, memory_mib=1024), ())
+    state.place(1, ONE, (0,))
+    state.place(1, SHARE, (1,))
+    state.place(2, ONE, (0,))
+    got = free_gpu_breakdown(state, [ONE, ONE, CPU])
+    assert got["free_gpu_milli"] == 2000 + 600 + 1000
+    assert got["on_nodes_short_of_cpu_or_memory"] == 2000
+    assert got["nodes_short_of_cpu_or_memory"] == 1
+    assert got["cpu_only_pods_on_those_nodes"] == 1 and got["cpu_milli_of_those_cpu_only_pods"] == 7_500
+    assert got["on_nodes_where_an_unplaced_gpu_pod_fits_now"] == 1000
+    assert got["elsewhere_fragments_or_model"] == 600
+    assert got["unplaced_gpu_pods_that_fit_now"] == 2
