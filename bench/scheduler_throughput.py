@@ -22,7 +22,7 @@ from typing import Any
 
 from kubernetes import client
 
-from extender.schedconfig import extender_entry, gpuaas_profile
+from extender.schedconfig import extender_entries, gpuaas_profile
 from gpuaas.cluster.components import extender_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.process import free_port
@@ -64,11 +64,13 @@ def apiserver_requests(cluster: LocalCluster) -> Counter:
 
 
 def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: float,
-            sample_percent: int | None = None) -> dict:
+            sample_percent: int | None = None, *, cpu_entry: bool = False, cpu_share: float = 0.0) -> dict:
+    """`cpu_entry`: with the CPU-pod entry as deploy/ ships it (extender.schedconfig.cpu_pods_entry) beside the GPU
+    pods' entry. `cpu_share`: this fraction of the pods asks for no GPU (2 cores, 4Gi)."""
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
         port = free_port()
-        extenders = [extender_entry(f"http://127.0.0.1:{port}")] if with_extender else None
+        extenders = extender_entries(f"http://127.0.0.1:{port}", cpu_pods=cpu_entry) if with_extender else None
         profiles = None
         if with_extender or sample_percent is not None:
             profile: dict[str, Any] = (gpuaas_profile("default-scheduler") if with_extender
@@ -87,10 +89,15 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
             cluster.control_plane.stop_scheduler()
             rng = random.Random(seed)
             sizes = [rng.choice((1, 1, 2, 4)) for _ in range(pods)]
+            sizes = [0 if rng.random() < cpu_share else g for g in sizes]  # 0: a CPU-only pod
+
+            def make(i: int) -> object:
+                body = (gpu_pod(f"p{i:05d}", "tput", gpus=sizes[i], cpu="1", memory="1Gi") if sizes[i]
+                        else gpu_pod(f"p{i:05d}", "tput", cpu="2", memory="4Gi"))
+                return core.create_namespaced_pod("tput", body, _preload_content=False)
+
             with ThreadPoolExecutor(16) as ex:
-                list(ex.map(lambda i: core.create_namespaced_pod(
-                    "tput", gpu_pod(f"p{i:05d}", "tput", gpus=sizes[i], cpu="1", memory="1Gi"),
-                    _preload_content=False), range(pods)))
+                list(ex.map(make, range(pods)))
             state = cluster.control_plane.state
             assert state is not None, "up() sets it"
             procs = {name: comp.pid for name, comp in state.components.items()
@@ -115,7 +122,8 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
             requests.subtract(requests_before)
             busiest = {k: int(v) for k, v in requests.most_common(8) if v > 0}
             return {"cpu_seconds_while_scheduling": cpu, "apiserver_requests_while_scheduling": busiest,
-                    "extender": with_extender, "nodes": nodes, "pods": pods, "gpus_requested": sum(sizes),
+                    "extender": with_extender, "cpu_pods_entry": cpu_entry, "nodes": nodes, "pods": pods,
+                    "cpu_only_pods": sizes.count(0), "gpus_requested": sum(sizes),
                     "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1)}
         finally:
             if ext:
@@ -131,13 +139,29 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
                         help="override the gpuaas profile's 100 (0 = kube-scheduler's adaptive sample)")
+    parser.add_argument("--cpu-only-share", type=float, default=0.0,
+                        help="fraction of the pods that ask for no GPU (default 0: GPU pods only)")
+    parser.add_argument("--cpu-pods-entry", action="store_true",
+                        help="also run the extender with the CPU-pod entry (as deploy/ ships it) and report its "
+                             "throughput against the GPU entry alone, same pods (ratio_cpu_pods_entry)")
     args = parser.parse_args()
-    base = one_run(args.nodes, args.pods, args.seed, False, args.timeout)
-    ours = one_run(args.nodes, args.pods, args.seed, True, args.timeout, args.percentage_of_nodes_to_score)
+    if args.cpu_pods_entry:  # the two extender runs first and back to back: the ratio that matters is theirs
+        gpu_entry = one_run(args.nodes, args.pods, args.seed, True, args.timeout, cpu_share=args.cpu_only_share)
+        both = one_run(args.nodes, args.pods, args.seed, True, args.timeout, cpu_entry=True,
+                       cpu_share=args.cpu_only_share)
+        print(json.dumps({"bench": "scheduler_throughput", "comparison": "cpu_pods_entry",
+                          "gpu_entry_only": gpu_entry, "with_cpu_pods_entry": both,
+                          "ratio_cpu_pods_entry": round(both["pods_per_second"] / gpu_entry["pods_per_second"], 3)},
+                         indent=2))
+        return
+    base = one_run(args.nodes, args.pods, args.seed, False, args.timeout, cpu_share=args.cpu_only_share)
+    ours = one_run(args.nodes, args.pods, args.seed, True, args.timeout, args.percentage_of_nodes_to_score,
+                   cpu_share=args.cpu_only_share)
     # The gpuaas profile scores every node (percentageOfNodesToScore 100), the default scheduler a sample: a third
     # run without the extender at the same setting tells that cost apart from the extender's.
     sampling = 100 if args.percentage_of_nodes_to_score is None else args.percentage_of_nodes_to_score
-    same = one_run(args.nodes, args.pods, args.seed, False, args.timeout, sampling) if sampling else None
+    same = (one_run(args.nodes, args.pods, args.seed, False, args.timeout, sampling, cpu_share=args.cpu_only_share)
+            if sampling else None)
     out = {"bench": "scheduler_throughput",
            "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score or "100 (gpuaas profile)",
            "without_extender": base, "with_extender": ours,

@@ -1,8 +1,9 @@
-"""The `extenders:` entry of a KubeSchedulerConfiguration that points kube-scheduler at gpuaas.
+"""The `extenders:` entries of a KubeSchedulerConfiguration that point kube-scheduler at gpuaas.
 
-Only pods that request a GPU resource are sent to gpuaas (managedResources). kube-scheduler keeps counting
-nvidia.com/gpu and nvidia.com/mig-* itself (the nodes advertise them); the GPU share resource exists on no node, so the
-scheduler is told to ignore it and gpuaas alone accounts for it.
+Pods that request a GPU resource go through filter, prioritize and bind (managedResources). kube-scheduler keeps
+counting nvidia.com/gpu and nvidia.com/mig-* itself (the nodes advertise them); the GPU share resource exists on no
+node, so the scheduler is told to ignore it and gpuaas alone accounts for it. Pods that ask for no GPU go through a
+second, ignorable entry that only ranks nodes (cpu_pods_entry), so that they do not strand GPUs.
 """
 from __future__ import annotations
 
@@ -45,12 +46,11 @@ def gpuaas_profile(scheduler_name: str = "gpuaas", *, all_pods: bool = False) ->
 def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_WEIGHT, timeout: str = "5s",
                    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
                    ignorable: bool = False, all_pods: bool = False) -> dict[str, Any]:
-    """`bind`: gpuaas binds GPU pods itself, recording the devices it chose (needed for GPU shares and for exact
-    device accounting under bursts). `ignorable: False`: while gpuaas is down, GPU pods wait rather than being placed
-    blind; other pods are unaffected.
-    `all_pods`: send every pod, not only GPU pods. Where CPU-only pods share nodes with GPU pods, kube-scheduler
-    alone puts them anywhere, and the CPU they take can strand the GPUs beside it; gpuaas places them where that
-    costs least. Every pod then pays the extender's round trips; pair it with gpuaas_profile(all_pods=True).
+    """The entry for GPU pods. `bind`: gpuaas binds GPU pods itself, recording the devices it chose (needed for GPU
+    shares and for exact device accounting under bursts). `ignorable: False`: while gpuaas is down, GPU pods wait
+    rather than being placed blind; other pods are unaffected.
+    `all_pods`: send every pod through filter, prioritize and bind, not only GPU pods (measured against
+    cpu_pods_entry in docs/extender.md); pair it with gpuaas_profile(all_pods=True).
     `cert_file`, `key_file`: the client certificate kube-scheduler presents (tlsConfig.certFile/keyFile); the
     extender serves its verbs to nobody else (its tls.client_ca_file and tls.client_names)."""
     entry: dict[str, Any] = {
@@ -66,6 +66,44 @@ def extender_entry(url_prefix: str, *, bind: bool = True, weight: int = DEFAULT_
         entry["managedResources"] = managed_resources()
     if bind:
         entry["bindVerb"] = "bind"
+    return _with_tls(entry, url_prefix, ca_file, cert_file, key_file)
+
+
+CPU_PODS_PREFIX = "/cpu"  # where the extender answers cpu_pods_entry's prioritize
+
+
+def cpu_pods_entry(url_prefix: str, *, weight: int = DEFAULT_WEIGHT, timeout: str = "5s",
+                   ca_file: str | None = None, cert_file: str | None = None,
+                   key_file: str | None = None) -> dict[str, Any]:
+    """The entry for pods that ask for no GPU: prioritize only. Where such pods share nodes with GPU pods,
+    kube-scheduler alone spreads them, and the CPU and memory they take strand the GPUs beside them (FGD's case);
+    gpuaas ranks the nodes where that costs least. kube-scheduler's own filters decide where they fit, so there is no
+    filter round trip, and the entry is ignorable: while gpuaas is down such pods are placed as without it. An
+    extender entry cannot leave GPU pods out (managedResources only selects), so they reach it too and get an empty
+    answer at once (their ranking comes from extender_entry)."""
+    entry: dict[str, Any] = {
+        "urlPrefix": url_prefix.rstrip("/") + CPU_PODS_PREFIX,
+        "prioritizeVerb": "prioritize",
+        "weight": weight,
+        "nodeCacheCapable": True,
+        "httpTimeout": timeout,
+        "ignorable": True,
+    }
+    return _with_tls(entry, url_prefix, ca_file, cert_file, key_file)
+
+
+def extender_entries(url_prefix: str, *, cpu_pods: bool = True, **options: Any) -> list[dict[str, Any]]:
+    """What a KubeSchedulerConfiguration's `extenders:` holds: the GPU pods' entry and, with `cpu_pods`, the entry
+    that ranks nodes for pods that ask for no GPU. `options`: extender_entry's (TLS files, weight, timeout)."""
+    entries = [extender_entry(url_prefix, **options)]
+    if cpu_pods and not options.get("all_pods"):  # with all_pods the first entry sends them through every verb
+        shared = {k: v for k, v in options.items() if k in ("weight", "timeout", "ca_file", "cert_file", "key_file")}
+        entries.append(cpu_pods_entry(url_prefix, **shared))
+    return entries
+
+
+def _with_tls(entry: dict[str, Any], url_prefix: str, ca_file: str | None, cert_file: str | None,
+              key_file: str | None) -> dict[str, Any]:
     if url_prefix.startswith("https://"):
         entry["enableHTTPS"] = True
         tls: dict[str, Any] = {"caFile": ca_file} if ca_file else {"insecure": True}
@@ -103,7 +141,7 @@ def kube_scheduler_configuration(url: str = IN_CLUSTER_URL, *, second_scheduler:
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "profiles": profiles,
-        "extenders": [extender_entry(url, ca_file=ca_file, cert_file=cert_file, key_file=key_file)],
+        "extenders": extender_entries(url, ca_file=ca_file, cert_file=cert_file, key_file=key_file),
     }
     if second_scheduler:
         config["leaderElection"] = {"leaderElect": True, "resourceName": SECOND_SCHEDULER_NAME,

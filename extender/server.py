@@ -40,6 +40,7 @@ from scoring.kubeobjects import ObjectError
 from . import auth
 from .binder import ApiBinder, NoBinder, pod_path
 from .config import ExtenderConfig
+from .schedconfig import CPU_PODS_PREFIX
 from .metrics import Metrics
 from .service import BadRequest, ExtenderService
 from .wire import ExtenderArgs, ExtenderBindingArgs, HostPriorityEncoder
@@ -55,7 +56,7 @@ READY: web.AppKey[Callable[[], Readiness | bool]] = web.AppKey("ready")
 PRIORITY_ENCODER = web.AppKey("priority_encoder", HostPriorityEncoder)
 
 
-VERBS = ("filter", "prioritize", "bind", "healthz", "readyz", "metrics", "explain", "root")
+VERBS = ("filter", "prioritize", "bind", "cpu/prioritize", "healthz", "readyz", "metrics", "explain", "root")
 
 
 class UnreadableBody(BadRequest):
@@ -95,7 +96,7 @@ async def errors(request: web.Request,
         log.exception("unexpected error in %s", verb)
         response = _error(500, f"internal error: {type(err).__name__}: {err}")
     finally:
-        if verb in ("filter", "prioritize", "bind"):
+        if verb in ("filter", "prioritize", "bind", "cpu/prioritize"):
             metrics.latency.labels(verb).observe(time.perf_counter() - started)
     metrics.errors.labels(verb, str(response.status)).inc()
     return response
@@ -128,6 +129,14 @@ async def prioritize_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
     scored = request.app[SERVICE].prioritize(args)
     body = request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def prioritize_cpu_pods_verb(request: web.Request) -> web.Response:
+    args = ExtenderArgs.model_validate(await _read_json(request))
+    scored = request.app[SERVICE].prioritize_cpu_pods(args)
+    body = request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names) \
+        if scored.names else b"[]"
     return web.Response(body=body, content_type="application/json")
 
 
@@ -176,6 +185,7 @@ def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
     app.router.add_post("/filter", filter_verb)
     app.router.add_post("/prioritize", prioritize_verb)
     app.router.add_post("/bind", bind_verb)
+    app.router.add_post(f"{CPU_PODS_PREFIX}/prioritize", prioritize_cpu_pods_verb)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -114,6 +114,17 @@ class ExtenderService:
         self.metrics.decisions.labels("prioritize", "scored").inc(len(scored.names))
         return scored
 
+    def prioritize_cpu_pods(self, args: ExtenderArgs) -> verdicts.Priorities:
+        """The CPU-pod entry's prioritize (extender.schedconfig.cpu_pods_entry): a pod that asks for no GPU is ranked
+        as prioritize ranks it (the policy weighs the GPUs its CPU and memory would strand); a GPU pod, which that
+        entry cannot leave out, gets an empty answer at once: the GPU entry ranks it."""
+        demand = self._demand(args.Pod)
+        if demand.gpus:
+            self.metrics.decisions.labels("prioritize", "gpu-pod-skipped").inc()
+            empty = np.empty(0, dtype=np.int64)
+            return verdicts.Priorities([], empty, empty, None, [])
+        return self.prioritize(args)
+
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         key = f"{args.PodNamespace}/{args.PodName}"
         pod = await self.pod_lookup(args.PodNamespace, args.PodName)

@@ -29,7 +29,7 @@ from kubernetes.client.rest import ApiException
 from autoscaler.config import AutoscalerConfig, Target
 from autoscaler.controller import gather_signals
 from autoscaler.prom import Prometheus
-from extender.schedconfig import extender_entry, gpuaas_profile
+from extender.schedconfig import extender_entries, gpuaas_profile
 from nodescaler.config import NodeGroupConfig
 from runtime.pools import PoolSpec
 from scoring.fragmentation import Workload
@@ -125,9 +125,9 @@ class Stack:
             scheduler_profiles=[gpuaas_profile("default-scheduler")] if gpuaas else None)
         if gpuaas:  # over mTLS, as deployed: kube-scheduler presents its client certificate from the cluster's PKI
             tls = scheduler_extender_tls(self.cluster.control_plane.pki)
-            self.cluster.control_plane.extenders = [extender_entry(
+            self.cluster.control_plane.extenders = extender_entries(
                 f"https://127.0.0.1:{self.extender_port}", ca_file=tls["ca_file"], cert_file=tls["cert_file"],
-                key_file=tls["key_file"])]
+                key_file=tls["key_file"])
         self.components: list[ComponentProcess] = []
         self.extender: ComponentProcess | None = None
         self.prometheus: PrometheusServer | None = None

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from extender.schedconfig import extender_entry, gpuaas_profile
+from extender.schedconfig import extender_entries, gpuaas_profile
 from gpuaas.cluster.components import extender_process, scheduler_extender_tls
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.process import free_port
@@ -33,12 +33,13 @@ POOLS = {"pools": [
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory):
     """kube-scheduler calls the extender over HTTPS with its own client certificate (CN system:kube-scheduler, from
-    the cluster CA), as deploy/ wires it; the extender verifies it against the cluster CA."""
+    the cluster CA), as deploy/ wires it, through both entries deploy/ ships (GPU pods; pods that ask for no GPU);
+    the extender verifies it against the cluster CA."""
     workdir = tmp_path_factory.mktemp("extender-cluster")
     port = free_port()
     cluster = LocalCluster(workdir, name="ext", scheduler_profiles=[gpuaas_profile("default-scheduler")])
     pki = cluster.control_plane.pki  # its paths are known before the cluster writes it
-    cluster.control_plane.extenders = [extender_entry(f"https://127.0.0.1:{port}", **scheduler_extender_tls(pki))]
+    cluster.control_plane.extenders = extender_entries(f"https://127.0.0.1:{port}", **scheduler_extender_tls(pki))
     extender = None
     try:
         cluster.up(parse_pool_spec(POOLS))
@@ -102,6 +103,21 @@ def test_gpu_pods_are_bound_by_the_extender_with_their_devices_recorded(gpu_clus
     # Fragmentation-aware packing: the 4, 2, 1 and 1-GPU pods (8 GPUs) fill one 8-GPU node instead of spreading:
     # after the 4-GPU pod, its node's 4 free GPUs fit the 2-GPU pod with the least stranded capacity, and so on.
     assert len({p.spec.node_name for name, p in pods.items() if name != "p0"}) == 1
+
+
+def test_a_cpu_only_pod_is_ranked_by_gpuaas_and_strands_no_whole_gpu(gpu_cluster, ns):
+    """A pod that asks for 100 of a node's 128 cores, beside a 4-GPU pod: wherever it lands on an A100 or H100 node,
+    the GPUs left there have too little CPU to serve. gpuaas (the CPU-pod entry's prioritize) ranks the MIG nodes
+    first, whose GPUs are partitioned and hold no idle whole GPU; kube-scheduler alone would pick any of the eight
+    nodes (this profile has no resource scoring), a MIG node one time in four."""
+    cluster, extender = gpu_cluster
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(ns, gpu_pod("gpu4", ns, gpus=4))
+    wait_for(lambda: running_on(cluster.api, ns).get("gpu4"), what="the 4-GPU pod Running")
+    core.create_namespaced_pod(ns, gpu_pod("cpu100", ns, cpu="100"))
+    placed = wait_for(lambda: pod(cluster.api, ns, "cpu100").spec.node_name, what="the CPU-only pod bound")
+    assert placed.startswith("mig-"), f"the CPU-only pod went to {placed}, stranding GPUs there"
+    assert DEVICES_ANNOTATION not in (pod(cluster.api, ns, "cpu100").metadata.annotations or {})
 
 
 def test_mig_pods_get_distinct_mig_slots_chosen_by_the_extender(gpu_cluster, ns):
@@ -186,14 +202,19 @@ def test_nothing_is_bound_while_the_extender_is_down_and_everything_after(gpu_cl
     later = [f"burst-{i:02d}" for i in range(12, len(sizes))]
     for name, gpus in zip(later, sizes[12:], strict=True):  # the burst goes on while gpuaas is down
         core.create_namespaced_pod(ns, gpu_pod(name, ns, gpus=gpus))
+    core.create_namespaced_pod(ns, gpu_pod("cpu-only", ns, cpu="2"))
     # ignorable: false. Every pod created while gpuaas is down is tried by the scheduler and fails; none is bound.
     wait_for(lambda: all(scheduled_false(cluster.api, ns, n) for n in later), timeout=60,
              what="the scheduler's verdict on every pod created while the extender is down")
     bound = [n for n in later if pod(cluster.api, ns, n).spec.node_name]
     assert bound == [], f"placed blind while the extender was down: {bound}"
+    # The CPU-pod entry is ignorable: a pod that asks for no GPU is placed without gpuaas's ranking meanwhile.
+    wait_for(lambda: pod(cluster.api, ns, "cpu-only").spec.node_name, timeout=60,
+             what="the CPU-only pod bound while the extender is down")
     extender.start()
-    pods = wait_for(lambda: (r := running_on(cluster.api, ns)) and len(r) == len(sizes) and r, timeout=120,
-                    what=f"all {len(sizes)} pods Running after the restart")
+    pods = wait_for(lambda: (r := running_on(cluster.api, ns)) and len(r) == len(sizes) + 1 and r, timeout=120,
+                    what=f"all {len(sizes)} GPU pods Running after the restart")
+    pods.pop("cpu-only")
     per_node = devices_by_node(pods.values())
     for node, devices in per_node.items():
         assert len(devices) == len(set(devices)), f"GPU double-booked on {node}: {sorted(devices)}"

@@ -82,6 +82,7 @@ BIND = {"PodName": "p", "PodNamespace": "ml", "PodUID": "uid-p", "Node": names()
 REQUESTS = {  # every route: method, path, body
     "filter": ("POST", "/filter", FILTER),
     "prioritize": ("POST", "/prioritize", FILTER),
+    "cpu/prioritize": ("POST", "/cpu/prioritize", FILTER),
     "bind": ("POST", "/bind", BIND),
     "explain": ("GET", "/explain?pod=ml/p&node=" + names()[0], None),
     "explain-other-namespace": ("GET", "/explain?pod=kube-system/secret-pod&node=" + names()[0], None),
@@ -123,6 +124,7 @@ def test_without_a_credential_only_the_probes_answer(pki):
 def test_the_schedulers_certificate_may_call_everything(pki):
     got = statuses(pki[0], cert="scheduler")  # CN system:kube-scheduler, signed by the configured CA
     assert got["filter"][0] == 200 and got["prioritize"][0] == 200 and got["metrics"][0] == 200
+    assert got["cpu/prioritize"] == (200, "[]")  # a GPU pod: the CPU-pod entry leaves it to the GPU entry
     assert got["explain"][0] == 200 and got["bind"][0] == 200  # bind's reply: the snapshot binds nothing
     assert got["unknown"][0] == 404
 
@@ -130,7 +132,7 @@ def test_the_schedulers_certificate_may_call_everything(pki):
 def test_another_certificate_of_the_ca_may_not_call_the_verbs(pki):
     reviewer = FakeReviewer()
     got = statuses(pki[0], cert="kwok", reviewer=reviewer)  # CN kwok-controller, O system:masters
-    for verb in ("filter", "prioritize", "bind", "unknown"):
+    for verb in ("filter", "prioritize", "cpu/prioritize", "bind", "unknown"):
         assert got[verb][0] == 403, (verb, got[verb])
         assert "kube-scheduler only" in got[verb][1]
     # system:masters may read /explain and /metrics without a review, as kube-apiserver lets them do anything.

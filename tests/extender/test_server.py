@@ -106,6 +106,28 @@ def test_prioritize_scores_every_candidate_in_0_to_10():
     assert scores["a100-0000"] == 10 and scores["a100-0000"] > scores["a100-0001"]
 
 
+def test_the_cpu_pod_entry_ranks_pods_without_gpus_and_answers_gpu_pods_empty():
+    """/cpu/prioritize (extender.schedconfig.cpu_pods_entry): a pod that asks for no GPU is ranked as /prioritize ranks
+    it; a GPU pod, which that entry cannot leave out, gets [] (its ranking is the GPU entry's)."""
+    items = nodes() + [bound(pending("busy", gpus=6), "a100-0000", "0,1,2,3,4,5")]
+    cpu_pod = pending("web", cpu="24")
+
+    async def go():
+        async with client(items) as c:
+            return (await post(c, "/cpu/prioritize", {"Pod": cpu_pod, "NodeNames": names()}),
+                    await post(c, "/prioritize", {"Pod": cpu_pod, "NodeNames": names()}),
+                    await post(c, "/cpu/prioritize", {"Pod": pending("g", gpus=1), "NodeNames": names()}))
+
+    (status, ranked), (_, again), (gpu_status, gpu_answer) = run(go())
+    assert status == 200 and [h["Host"] for h in ranked] == names()
+    for answer in (ranked, again):  # (the first call holds its pick, as prioritize does; the order stays)
+        score = {h["Host"]: h["Score"] for h in answer}
+        # 24 cores strand no GPU on the CPU node, and strand the idle GPUs of an idle GPU node most.
+        assert score["cpu-0000"] == 10 and score["a100-0001"] == score["h100-0000"] == 0
+        assert score["cpu-0000"] > score["mig-0000"] > score["a100-0000"] > 0
+    assert (gpu_status, gpu_answer) == (200, [])
+
+
 def test_operability_endpoints():
     async def go():
         async with client() as c:
