@@ -94,7 +94,7 @@ def _yaml(value: Any) -> str:
 def default_text(info: FieldInfo) -> str:
     if info.is_required():
         return "**required**"
-    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+    value = info.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return "(fields below)"
     if isinstance(value, list):
