@@ -40,8 +40,8 @@ from scoring.kubeobjects import ObjectError
 from . import auth
 from .binder import ApiBinder, NoBinder, pod_path
 from .config import ExtenderConfig
-from .schedconfig import CPU_PODS_PREFIX
 from .metrics import Metrics
+from .schedconfig import CPU_PODS_PREFIX
 from .service import BadRequest, ExtenderService
 from .wire import ExtenderArgs, ExtenderBindingArgs, HostPriorityEncoder
 

@@ -110,7 +110,7 @@ def test_a_cpu_only_pod_is_ranked_by_gpuaas_and_strands_no_whole_gpu(gpu_cluster
     the GPUs left there have too little CPU to serve. gpuaas (the CPU-pod entry's prioritize) ranks the MIG nodes
     first, whose GPUs are partitioned and hold no idle whole GPU; kube-scheduler alone would pick any of the eight
     nodes (this profile has no resource scoring), a MIG node one time in four."""
-    cluster, extender = gpu_cluster
+    cluster, _extender = gpu_cluster
     core = client.CoreV1Api(cluster.api)
     core.create_namespaced_pod(ns, gpu_pod("gpu4", ns, gpus=4))
     wait_for(lambda: running_on(cluster.api, ns).get("gpu4"), what="the 4-GPU pod Running")
