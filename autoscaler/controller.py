@@ -2,9 +2,10 @@
 
 - `gather_signals` asks Prometheus (autoscaler/prom.py) for one target's signals and turns a failure into words;
 - `KubeTargets` reads a Deployment's scale subresource and pods, writes the scale, events and the conditions;
-- `Controller.sync_once(now)` builds a `Snapshot` per target, asks the policy, acts, and records why. Only a replica
-  that `may_act` (holds the Lease, autoscaler/service.py) writes; the others decide the same way and write nothing,
-  so that the one taking over starts with the memory of the recent load (the policy's recommendation history).
+- `Controller.sync_once(now)` builds a `TargetSnapshot` per target, asks the policy, acts, and records why. Only a
+  replica that `may_act` (holds the Lease, autoscaler/service.py) writes; the others decide the same way and write
+  nothing, so that the one taking over starts with the memory of the recent load (the policy's recommendation
+  history).
 
 Conditions live in the Deployment annotation `autoscaling.gpuaas.io/conditions` (a JSON list in the shape of HPA
 conditions: type, status, reason, message, lastTransitionTime), as the HPA's v1 API kept its v2 conditions in
@@ -26,7 +27,7 @@ from typing import Protocol
 from .config import AutoscalerConfig, ConfigError, Target
 from .policy import QueueDepthPolicy, QueueDepthState
 from .prom import BadQuery, MetricsError, NoData, Prometheus, PrometheusUnavailable
-from .snapshot import Decision, Signals, Snapshot
+from .snapshot import Recommendation, Signals, TargetSnapshot
 
 log = logging.getLogger("gpuaas.autoscaler")
 
@@ -193,7 +194,7 @@ class Controller:
         """Run every configured query once (`validate_queries`)."""
         validate_queries(self.config, self.prom)
 
-    def sync_once(self) -> dict[str, Decision]:
+    def sync_once(self) -> dict[str, Recommendation]:
         out = {}
         if self.may_act():
             self.syncs_acting += 1
@@ -214,13 +215,13 @@ class Controller:
         if not self.may_act():
             raise NotLeader("lost the lease")
 
-    def sync_target(self, t: Target) -> Decision:
+    def sync_target(self, t: Target) -> Recommendation:
         now = self.clock()
         mem = self.memory[t.key]
         acting = self.may_act()
         observed = self.targets.observe(t)
         signals, error = gather_signals(self.prom, t, sorted(observed.pods))
-        snap = Snapshot(now=now, replicas=observed.replicas, pods=observed.pods, pending_pods=observed.pending,
+        snap = TargetSnapshot(now=now, replicas=observed.replicas, pods=observed.pods, pending_pods=observed.pending,
                         signals=signals, error=error if signals is None else None)
         decision, mem.state = self.policies[t.key].recommend(snap, mem.state)
         if signals is not None and error:  # partial data: usable, but say so

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from . import hpa
-from .snapshot import Decision, Snapshot, finite
+from .snapshot import Recommendation, TargetSnapshot, finite
 
 
-class Policy(Protocol):
+class ReplicaPolicy(Protocol):
     # Read-only: the policies are frozen dataclasses (QueueDepthPolicy's sync_period_s is a property).
     @property
     def name(self) -> str: ...
@@ -33,7 +33,7 @@ class Policy(Protocol):
 
     def initial_state(self) -> Any: ...
 
-    def recommend(self, snap: Snapshot, state: Any) -> tuple[Decision, Any]: ...
+    def recommend(self, snap: TargetSnapshot, state: Any) -> tuple[Recommendation, Any]: ...
 
 
 def _clamp(n: int, lo: int, hi: int) -> int:
@@ -91,7 +91,7 @@ class QueueDepthPolicy:
     def initial_state(self) -> QueueDepthState:
         return QueueDepthState()
 
-    def demand(self, snap: Snapshot, state: QueueDepthState) -> tuple[int, int, str, QueueDepthState]:
+    def demand(self, snap: TargetSnapshot, state: QueueDepthState) -> tuple[int, int, str, QueueDepthState]:
         """(replicas to ask for now, replicas the current arrival rate needs in steady state, why, new state).
 
         The first looks one cold start ahead along the rate's trend and adds room to drain the queue; the second is what
@@ -121,7 +121,7 @@ class QueueDepthPolicy:
                             last_rate=(snap.now, sig.arrival_rate) if finite(sig.arrival_rate) else state.last_rate)
         return up, steady, why, new_state
 
-    def recommend(self, snap: Snapshot, state: QueueDepthState) -> tuple[Decision, QueueDepthState]:
+    def recommend(self, snap: TargetSnapshot, state: QueueDepthState) -> tuple[Recommendation, QueueDepthState]:
         c = self.config
         current = snap.replicas
         sig = snap.signals
@@ -133,7 +133,7 @@ class QueueDepthPolicy:
                 need, _, _, state = self.demand(replace(snap, signals=replace(sig, arrival_rate=None)), state)
                 want = max(current, need)
             desired = _clamp(want, c.min_replicas, c.max_replicas)
-            return Decision(desired, "MetricsUnavailable",
+            return Recommendation(desired, "MetricsUnavailable",
                             f"{why}; holding {current} replicas (no scale-down on missing data)"
                             + (f", scaling up to {desired} on the queue that is visible" if desired > current else ""),
                             scale_down_blocked=True), state
@@ -164,7 +164,7 @@ class QueueDepthPolicy:
         if desired != stabilized:
             why += f"; clamped to [{c.min_replicas}, {c.max_replicas}]"
             limited = "TooManyReplicas" if stabilized > desired else "TooFewReplicas"
-        return Decision(desired, reason, why, limited=limited), state
+        return Recommendation(desired, reason, why, limited=limited), state
 
 
 # ---- HPA -------------------------------------------------------------------------------------------------------------
@@ -181,11 +181,11 @@ class HpaPolicy:
     def initial_state(self) -> hpa.HpaState:
         return hpa.HpaState()
 
-    def recommend(self, snap: Snapshot, state: hpa.HpaState) -> tuple[Decision, hpa.HpaState]:
+    def recommend(self, snap: TargetSnapshot, state: hpa.HpaState) -> tuple[Recommendation, hpa.HpaState]:
         current = snap.replicas
         if current == 0:
             why = "scaling is disabled since the replica count of the target is zero"
-            return Decision(0, "ScalingDisabled", why), state
+            return Recommendation(0, "ScalingDisabled", why), state
         raw = None
         if not snap.error and snap.signals is not None:
             raw = hpa.pods_metric_replicas(current, snap.signals.queue_per_pod, self.target, pods=snap.pods,
@@ -193,11 +193,11 @@ class HpaPolicy:
         if raw is None:
             # FailedGetPodsMetric: the HPA keeps the current count (inside min/max) and records no recommendation.
             desired = _clamp(current, self.min_replicas, self.max_replicas)
-            return Decision(desired, "FailedGetPodsMetric", snap.error or "did not receive metrics for targeted pods",
-                            scale_down_blocked=True), state
+            why = snap.error or "did not receive metrics for targeted pods"
+            return Recommendation(desired, "FailedGetPodsMetric", why, scale_down_blocked=True), state
         n = hpa.normalize(current, raw, min_replicas=self.min_replicas, max_replicas=self.max_replicas, now=snap.now,
                           state=state, behavior=self.behavior)
-        return Decision(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), n.state
+        return Recommendation(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), n.state
 
 
 # ---- KEDA ------------------------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ class KedaPolicy:
     def initial_state(self) -> KedaState:
         return KedaState()
 
-    def recommend(self, snap: Snapshot, state: KedaState) -> tuple[Decision, KedaState]:
+    def recommend(self, snap: TargetSnapshot, state: KedaState) -> tuple[Recommendation, KedaState]:
         current = snap.replicas
         # The Prometheus scaler's `sum(...)` query; ignoreNullValues (default true) turns an empty answer into 0.
         total = snap.signals.total_queue if snap.signals is not None and not snap.error else None
@@ -236,22 +236,24 @@ class KedaPolicy:
             if active:
                 state = replace(state, last_active=snap.now)
             if current == 0 and active:
-                return Decision(max(self.min_replica_count, 1), "KEDAScaleTargetActivated",
+                return Recommendation(max(self.min_replica_count, 1), "KEDAScaleTargetActivated",
                                 f"queue {total:.0f} > activation threshold {self.activation_threshold}"), state
             if (current > 0 and not active and total is not None and self.min_replica_count == 0
                     and (state.last_active is None or snap.now - state.last_active >= self.cooldown_period_s)):
-                return Decision(0, "KEDAScaleTargetDeactivated",
+                return Recommendation(0, "KEDAScaleTargetDeactivated",
                                 f"inactive for the cooldown period {self.cooldown_period_s:.0f}s"), state
         if current == 0:
-            return Decision(0, "ScalingDisabled", "scaled to zero; the operator activates on its next poll"), state
+            why = "scaled to zero; the operator activates on its next poll"
+            return Recommendation(0, "ScalingDisabled", why), state
         if total is None:
             desired = _clamp(current, max(self.min_replica_count, 1), self.max_replica_count)
             why = snap.error or "no value"
-            return Decision(desired, "FailedGetExternalMetric", why, scale_down_blocked=True), state
+            return Recommendation(desired, "FailedGetExternalMetric", why, scale_down_blocked=True), state
         raw = hpa.external_average_replicas(total, self.target, len(snap.pods))
         n = hpa.normalize(current, raw, min_replicas=max(self.min_replica_count, 1),
                           max_replicas=self.max_replica_count, now=snap.now, state=state.hpa, behavior=self.behavior)
-        return Decision(n.desired, n.reason, f"raw recommendation {raw}: {n.message}"), replace(state, hpa=n.state)
+        recommendation = Recommendation(n.desired, n.reason, f"raw recommendation {raw}: {n.message}")
+        return recommendation, replace(state, hpa=n.state)
 
 
 # ---- static ----------------------------------------------------------------------------------------------------------
@@ -264,5 +266,5 @@ class StaticPolicy:
     def initial_state(self) -> None:
         return None
 
-    def recommend(self, snap: Snapshot, state: None) -> tuple[Decision, None]:
-        return Decision(self.replicas, "Static", f"fixed at {self.replicas}"), None
+    def recommend(self, snap: TargetSnapshot, state: None) -> tuple[Recommendation, None]:
+        return Recommendation(self.replicas, "Static", f"fixed at {self.replicas}"), None

@@ -25,7 +25,7 @@ class Signals:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class TargetSnapshot:
     now: float  # seconds (the controller's clock or simulated time)
     replicas: int  # the target's desired replica count now (scale subresource spec.replicas)
     pods: frozenset[str]  # the target's pods that exist and are not being deleted
@@ -45,7 +45,7 @@ def finite(x: float | None) -> TypeGuard[float]:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Recommendation:
     """A recommendation: the replica count to set, and why, in words an operator reads in an event."""
     desired: int
     reason: str  # short CamelCase reason (event reason / condition reason)

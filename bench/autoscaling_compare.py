@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.policy import HpaPolicy, KedaPolicy, Policy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy
+from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, ReplicaPolicy, StaticPolicy
 from gpuaas.loadgen.serving import ServiceModel
 from gpuaas.loadgen.trace import Arrival, load_trace, scale_rate
 from gpuaas.simulate.autoscaling import peak_replicas, simulate
@@ -55,7 +55,7 @@ def main() -> int:
     mx = args.max_replicas
     ours_config = QueueDepthConfig(max_replicas=mx)
     # (policy, target, initial replicas, floor): every fleet starts at its floor, and at least one replica.
-    policies: list[tuple[Policy, float | None, int, int | None]] = [
+    policies: list[tuple[ReplicaPolicy, float | None, int, int | None]] = [
         (QueueDepthPolicy(ours_config), None, 1, ours_config.min_replicas),
         (StaticPolicy(peak), None, peak, None)]
     floors = [int(x) for x in args.min_replicas.split(",")] if args.min_replicas else None

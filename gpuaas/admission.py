@@ -49,25 +49,25 @@ class Gang:
 
 
 @dataclass(frozen=True)
-class Decision:
+class AdmissionDecision:
     admit: bool
     message: str
     placements: tuple[tuple[str, tuple[int, ...]], ...] = ()  # per pod: (node, GPU indices)
 
 
 def decide(state: ClusterState, gang: Gang, *, workload: Workload, policy: str = "gpuaas",
-           time_limit: float = 0.5) -> Decision:
+           time_limit: float = 0.5) -> AdmissionDecision:
     """Admit `gang` if every one of its pods has a place on `state` at once; `workload` is what the policy weighs
     (it only breaks ties between placements here: the scheduler decides where the pods go). Pure."""
     demands = gang.demands()
     plan = place_gang(state, demands, policy=policy, workload=workload, time_limit=time_limit)
     if not plan.ok:
         why = "; ".join(plan.notes) or "no placement holds all of its pods at once"
-        return Decision(False, f"{len(demands)} pods do not fit together: {why}")
+        return AdmissionDecision(False, f"{len(demands)} pods do not fit together: {why}")
     placements = tuple((state.names[n], tuple(gpus)) for n, gpus in plan.placements)
     nodes = sorted({n for n, _ in placements})
-    return Decision(True, f"all {len(demands)} pods fit at once (on {', '.join(nodes)}; planner: {plan.status})",
-                    placements)
+    why = f"all {len(demands)} pods fit at once (on {', '.join(nodes)}; planner: {plan.status})"
+    return AdmissionDecision(True, why, placements)
 
 
 def hold(state: ClusterState, demands: Sequence[PodDemand], placements: Sequence[tuple[str, tuple[int, ...]]]) -> int:

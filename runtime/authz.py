@@ -18,8 +18,8 @@ were served by kube-apiserver itself:
     GET /apis/custom.metrics.k8s.io/v1beta1 -> non-resource path, verb get (system:discovery allows it)
 
 Pure: `user_from_headers`, `user_from_certificate`, `request_attributes`, `access_review`, `token_review`,
-`user_from_token_review`, `decision_from_review`, `forbidden_message`; `DecisionCache` is a bounded TTL cache on an
-injected clock; `Authorizer` puts them together around a `Reviewer` (blocking) or an `AsyncReviewer`, of which
+`user_from_token_review`, `decision_from_review`, `forbidden_message`; `AccessDecisionCache` is a bounded TTL cache on
+an injected clock; `Authorizer` puts them together around a `Reviewer` (blocking) or an `AsyncReviewer`, of which
 `KubeAccessReviewer` and `ApiReviewer` are the ones that do I/O.
 """
 from __future__ import annotations
@@ -157,18 +157,18 @@ def access_review(user: User, attrs: Attributes) -> dict:
 
 
 @dataclass(frozen=True)
-class Decision:
+class AccessDecision:
     allowed: bool
     reason: str = ""
 
 
-def decision_from_review(status: Mapping) -> Decision:
+def decision_from_review(status: Mapping) -> AccessDecision:
     """A SubjectAccessReview's status as a decision: allowed only when it says so (no opinion is a denial here, as
     kube-apiserver's authorizer chain ends)."""
     reason = status.get("reason") or ""
     if status.get("evaluationError"):
         reason = f"{reason}; {status['evaluationError']}" if reason else status["evaluationError"]
-    return Decision(bool(status.get("allowed")) and not status.get("denied"), reason)
+    return AccessDecision(bool(status.get("allowed")) and not status.get("denied"), reason)
 
 
 def forbidden_message(user: User, attrs: Attributes, reason: str = "") -> str:
@@ -185,17 +185,17 @@ def forbidden_message(user: User, attrs: Attributes, reason: str = "") -> str:
     return text + (f": {reason}" if reason else "")
 
 
-class DecisionCache:
+class AccessDecisionCache:
     """Decisions for (user, attributes), each kept for its TTL, at most `size` of them (least recently used go
     first). Thread-safe: the server asks from its executor's threads."""
 
     def __init__(self, *, allow_ttl_s: float, deny_ttl_s: float, size: int,
                  clock: Callable[[], float] = time.monotonic):
         self.allow_ttl_s, self.deny_ttl_s, self.size, self.clock = allow_ttl_s, deny_ttl_s, size, clock
-        self._entries: OrderedDict[tuple[User, Attributes], tuple[float, Decision]] = OrderedDict()
+        self._entries: OrderedDict[tuple[User, Attributes], tuple[float, AccessDecision]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, user: User, attrs: Attributes) -> Decision | None:
+    def get(self, user: User, attrs: Attributes) -> AccessDecision | None:
         key = (user, attrs)
         with self._lock:
             hit = self._entries.get(key)
@@ -207,7 +207,7 @@ class DecisionCache:
             self._entries.move_to_end(key)
             return hit[1]
 
-    def put(self, user: User, attrs: Attributes, decision: Decision) -> None:
+    def put(self, user: User, attrs: Attributes, decision: AccessDecision) -> None:
         ttl = self.allow_ttl_s if decision.allowed else self.deny_ttl_s
         if ttl <= 0 or self.size <= 0:
             return
@@ -245,26 +245,26 @@ class Authorizer(Generic[ReviewerT]):
                  clock: Callable[[], float] = time.monotonic):
         self.reviewer = reviewer
         self.always_allow_groups = frozenset(always_allow_groups)
-        self.cache = DecisionCache(allow_ttl_s=allow_ttl_s, deny_ttl_s=deny_ttl_s, size=size, clock=clock)
+        self.cache = AccessDecisionCache(allow_ttl_s=allow_ttl_s, deny_ttl_s=deny_ttl_s, size=size, clock=clock)
 
-    def _known(self, user: User, attrs: Attributes) -> Decision | None:
+    def _known(self, user: User, attrs: Attributes) -> AccessDecision | None:
         if self.always_allow_groups.intersection(user.groups):
-            return Decision(True, "privileged group")  # kube-apiserver allows them whatever RBAC says
+            return AccessDecision(True, "privileged group")  # kube-apiserver allows them whatever RBAC says
         return self.cache.get(user, attrs)
 
-    def _learn(self, user: User, attrs: Attributes, status: Mapping) -> Decision:
+    def _learn(self, user: User, attrs: Attributes, status: Mapping) -> AccessDecision:
         decision = decision_from_review(status)
         self.cache.put(user, attrs, decision)
         return decision
 
-    def authorize(self: Authorizer[Reviewer], user: User, attrs: Attributes) -> Decision:
+    def authorize(self: Authorizer[Reviewer], user: User, attrs: Attributes) -> AccessDecision:
         """Blocking on a cache miss (run it in an executor). Raises ReviewFailed; failures are not cached."""
         known = self._known(user, attrs)
         if known is not None:
             return known
         return self._learn(user, attrs, self.reviewer.review(access_review(user, attrs)))
 
-    async def authorize_async(self: Authorizer[AsyncReviewer], user: User, attrs: Attributes) -> Decision:
+    async def authorize_async(self: Authorizer[AsyncReviewer], user: User, attrs: Attributes) -> AccessDecision:
         """The same, for an event loop: the reviewer is an AsyncReviewer."""
         known = self._known(user, attrs)
         if known is not None:

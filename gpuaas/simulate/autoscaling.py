@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoscaler.policy import Policy
-from autoscaler.snapshot import Signals, Snapshot
+from autoscaler.policy import ReplicaPolicy
+from autoscaler.snapshot import Signals, TargetSnapshot
 from gpuaas.loadgen.serving import ReplicaMetrics, ServiceModel, ServingSystem
 from gpuaas.loadgen.trace import Arrival
 
@@ -112,7 +112,7 @@ def percentile(values: list[float], q: float) -> float:
     return s[k]
 
 
-def simulate(arrivals: list[Arrival], policy: Policy, model: ServiceModel = ServiceModel(), *,
+def simulate(arrivals: list[Arrival], policy: ReplicaPolicy, model: ServiceModel = ServiceModel(), *,
              initial_replicas: int = 1, target: float | None = None, max_tail_s: float = 3600.0,
              warmup_s: float = 0.0) -> Result:
     """Replay `arrivals` through `policy`; the replica count starts at `initial_replicas`, all serving. With `warmup_s`,
@@ -162,7 +162,8 @@ def simulate(arrivals: list[Arrival], policy: Policy, model: ServiceModel = Serv
             continue
         next_sync += sync_dt
         live = system.live()
-        snap = Snapshot(now=now, replicas=len(live), pods=frozenset(r.name for r in live), signals=log.signals(now))
+        snap = TargetSnapshot(now=now, replicas=len(live), pods=frozenset(r.name for r in live),
+                              signals=log.signals(now))
         decision, state = policy.recommend(snap, state)
         decisions += 1
         if decision.desired > len(live):

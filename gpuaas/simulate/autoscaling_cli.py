@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .output import can_plot, write_json, write_plot
 
 if TYPE_CHECKING:
-    from autoscaler.policy import Policy
+    from autoscaler.policy import ReplicaPolicy
 
 SERVICE_MODEL_HELP = """service model (defaults): one replica = one GPU; it serves up to 8 requests at once
 (--concurrency); a request takes ContextTokens/5000 + GeneratedTokens/20 seconds (--prefill-tps, --decode-tps); a new
@@ -66,11 +66,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_policies(names: list[str], targets: list[float] | None, args: argparse.Namespace,
-                   peak: int) -> list[tuple[Policy, float | None]]:
+                   peak: int) -> list[tuple[ReplicaPolicy, float | None]]:
     """(policy, its --target or None) per policy name."""
     from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy, StaticPolicy
 
-    out: list[tuple[Policy, float | None]] = []
+    out: list[tuple[ReplicaPolicy, float | None]] = []
     for name in names:
         if name == "ours":
             out.append((QueueDepthPolicy(QueueDepthConfig(

@@ -4,14 +4,14 @@ import math
 import pytest
 
 from autoscaler.policy import HpaPolicy, KedaPolicy, QueueDepthConfig, QueueDepthPolicy
-from autoscaler.snapshot import Signals, Snapshot
+from autoscaler.snapshot import Signals, TargetSnapshot
 
 PODS = frozenset({"p0", "p1"})
 
 
 def snap(now=100.0, replicas=2, pods=PODS, error=None, **signals):
     sig = None if signals.get("none") else Signals(**{k: v for k, v in signals.items() if k != "none"})
-    return Snapshot(now=now, replicas=replicas, pods=pods, signals=sig, error=error)
+    return TargetSnapshot(now=now, replicas=replicas, pods=pods, signals=sig, error=error)
 
 
 def ours(**cfg):

@@ -7,9 +7,9 @@ import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from runtime.authz import (
+    AccessDecision,
     Attributes,
     Authorizer,
-    Decision,
     ReviewFailed,
     User,
     access_review,
@@ -89,10 +89,10 @@ def test_the_access_review_carries_the_user_and_the_attributes():
 
 @pytest.mark.parametrize("status, decision", [
     ({"allowed": True, "reason": 'RBAC: allowed by RoleBinding "r"'},
-     Decision(True, 'RBAC: allowed by RoleBinding "r"')),
-    ({"allowed": False}, Decision(False)),  # no opinion: denied
-    ({"allowed": False, "denied": True, "reason": "webhook says no"}, Decision(False, "webhook says no")),
-    ({"allowed": False, "evaluationError": "role r not found"}, Decision(False, "role r not found")),
+     AccessDecision(True, 'RBAC: allowed by RoleBinding "r"')),
+    ({"allowed": False}, AccessDecision(False)),  # no opinion: denied
+    ({"allowed": False, "denied": True, "reason": "webhook says no"}, AccessDecision(False, "webhook says no")),
+    ({"allowed": False, "evaluationError": "role r not found"}, AccessDecision(False, "role r not found")),
 ])
 def test_decision_from_review(status, decision):
     assert decision_from_review(status) == decision
