@@ -109,7 +109,7 @@ class PendingPod(_Record):
     request: str | None = None
 
 
-class Placement(_Record):
+class PlacedPod(_Record):
     pod: str
     node: str
     gpu: str | None = None
@@ -134,7 +134,7 @@ class Final(_Record):
     pods_succeeded: Count
     replicas: dict[str, Count] = Field(default_factory=dict)
     pending: list[PendingPod] = Field(default_factory=list)
-    placements: list[Placement] = Field(default_factory=list)
+    placements: list[PlacedPod] = Field(default_factory=list)
     gpu_nodes: list[FinalGPUNode] | None = None
 
 
