@@ -55,6 +55,13 @@ class ExtenderConfig(BaseModel):
     max_watch_stale_seconds: float = Field(default=60.0, gt=0, description="/readyz fails once the node or pod "
                                            "watch has been broken this long (no watch open, no list, event or "
                                            "bookmark since), and says which and why")
+    queue_planning_min_pods: int = Field(default=16, ge=0, description="plan the pending GPU pods jointly "
+                                         "(scoring/queueplan.py) while at least this many wait, and steer each to "
+                                         "its planned node; below it, or 0, every pod is placed on its own")
+    queue_plan_refresh_seconds: float = Field(default=2.0, gt=0, description="a joint plan is made again after "
+                                              "this long (pods bound, arrived or gone meanwhile)")
+    queue_max_wait_seconds: float = Field(default=120.0, gt=0, description="a pod left out of joint plans this long "
+                                          "goes first in the next one")
     log_format: Literal["json", "text"] = Field(default="json", description="JSON lines, or text for humans")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe "
                                                                     "level logged")

@@ -18,5 +18,7 @@ class Metrics:
                               ["verb", "code"], registry=self.registry)
         self.cache = Gauge("gpuaas_extender_cache_objects", "Objects in the extender's cluster view, by kind",
                            ["kind"], registry=self.registry)
+        self.queue_plan = Histogram("gpuaas_extender_queue_plan_seconds", "Time to plan the pending GPU pods "
+                                    "jointly", buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rebuilds = Gauge("gpuaas_extender_model_rebuilds", "Times the model was rebuilt after node changes",
                               registry=self.registry)

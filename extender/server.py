@@ -42,7 +42,7 @@ from .binder import ApiBinder, NoBinder, pod_path
 from .config import ExtenderConfig
 from .metrics import Metrics
 from .schedconfig import CPU_PODS_PREFIX
-from .service import BadRequest, ExtenderService
+from .service import BadRequest, ExtenderService, QueuePlanning
 from .wire import ExtenderArgs, ExtenderBindingArgs, HostPriorityEncoder
 
 log = logging.getLogger("gpuaas.extender")
@@ -171,6 +171,11 @@ async def explain_endpoint(request: web.Request) -> web.Response:
     return web.json_response(await request.app[SERVICE].explain(pod, node))
 
 
+def queue_planning(config: ExtenderConfig) -> QueuePlanning:
+    return QueuePlanning(config.queue_planning_min_pods, config.queue_plan_refresh_seconds,
+                         config.queue_max_wait_seconds)
+
+
 def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
              ready: Callable[[], Readiness | bool], reviewer: AsyncReviewer | None = None) -> web.Application:
     """With `config.tls`, every request but the probes is authenticated (auth.py): kube-scheduler by its client
@@ -232,7 +237,8 @@ def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]],
         return pods.get(f"{namespace}/{name}")
 
     metrics = Metrics()
-    service = ExtenderService(view, NoBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names))
+    service = ExtenderService(view, NoBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names),
+                              queue_planning=queue_planning(config))
     return make_app(config, service, metrics, lambda: True, reviewer)
 
 
@@ -262,7 +268,8 @@ def live_app(config: ExtenderConfig) -> web.Application:
 
     metrics = Metrics()
     reviewer = ApiReviewer(lambda: holder["session"])
-    service = ExtenderService(view, LazyBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names))
+    service = ExtenderService(view, LazyBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names),
+                              queue_planning=queue_planning(config))
     app = make_app(config, service, metrics,
                    lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds), reviewer)
 

@@ -14,8 +14,9 @@ from scoring.clusterview import ClusterView
 from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
 from scoring.fit import feasible
 from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
-from scoring.model import PodDemand
+from scoring.model import ClusterState, PodDemand
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
+from scoring.queueplan import QueuePlan, plan_queue
 
 from .binder import Binder, BindError
 from .metrics import Metrics
@@ -35,6 +36,15 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
+class QueuePlanning:
+    """When to plan the pending GPU pods jointly (scoring.queueplan; the extender's queue_* settings)."""
+
+    min_pods: int = 0  # plan while at least this many wait; 0: never
+    refresh_s: float = 2.0  # plan again after this long
+    max_wait_s: float = 120.0  # a pod left out this long goes first
+
+
+@dataclass(frozen=True)
 class FilterMemo:
     """What filter found for one pod, kept for the prioritize call kube-scheduler makes next for the same pod with
     exactly the feasible names: their model rows, valid while the model is at the same version."""
@@ -50,8 +60,12 @@ class FilterMemo:
 
 class ExtenderService:
     def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup, *,
-                 scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,)):
+                 scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,),
+                 queue_planning: QueuePlanning = QueuePlanning()):
         self.view = view
+        self.queue_planning = queue_planning
+        self.plan: QueuePlan | None = None
+        self._plan_model = -1  # view.rebuilds when the plan was made: a rebuilt model renumbers the rows
         self.scheduler_names = scheduler_names  # bind refuses pods of other schedulers
         self.binder = binder
         self.metrics = metrics
@@ -76,6 +90,11 @@ class ExtenderService:
         names = args.node_names()
         state, _ = self.view.snapshot()
         verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes)
+        plan = self._queue_plan(state)
+        key = pod_key(args.Pod)
+        if plan is not None and plan.reserved is not None and key in self.view.queue and key not in plan.planned:
+            verdicts.hold_for_plan(verdict, state, plan.reserved, demand)
+            self.metrics.decisions.labels("filter", "held-for-plan").inc()
         if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
                                                                for m in verdict.failed.values()):
             sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
@@ -105,6 +124,11 @@ class ExtenderService:
         memo = self._last_filter
         rows = memo.rows_for(args.Pod["metadata"].get("uid"), names, state.version) if memo is not None else None
         scored = verdicts.prioritize(state, policy, demand, names, rows)
+        planned = self.plan.node_of(pod_key(args.Pod)) if self.plan is not None else None
+        if planned is not None:
+            scored = verdicts.steer(state, scored, demand, planned)
+            self.metrics.decisions.labels("prioritize", "steered" if scored.pick == state.names[planned]
+                                          else "plan-stale").inc()
         pick, key = scored.pick, pod_key(args.Pod)
         if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
@@ -113,6 +137,25 @@ class ExtenderService:
             self.view.assume(key, pick, demand, tuple(policy.devices(state, demand, node)))
         self.metrics.decisions.labels("prioritize", "scored").inc(len(scored.names))
         return scored
+
+    def _queue_plan(self, state: ClusterState) -> QueuePlan | None:
+        """The joint plan of the pending GPU pods, made again when older than refresh_s or when the model was
+        rebuilt; None while fewer than min_pods wait (each pod is then placed on its own)."""
+        qp = self.queue_planning
+        waiting = self.view.waiting() if qp.min_pods > 0 else []
+        if len(waiting) < max(qp.min_pods, 1):
+            self.plan = None
+            return None
+        now = self.view.clock()
+        if self.plan is None or now - self.plan.made_at >= qp.refresh_s or self._plan_model != self.view.rebuilds:
+            started = time.perf_counter()
+            self.plan = plan_queue(state, self.view.policy_name, self.view.workload(), waiting, now=now,
+                                   max_wait_s=qp.max_wait_s)
+            self._plan_model = self.view.rebuilds
+            self.metrics.queue_plan.observe(time.perf_counter() - started)
+            self.metrics.decisions.labels("queue-plan", "planned").inc(len(self.plan.planned))
+            self.metrics.decisions.labels("queue-plan", "left-out").inc(len(self.plan.left_out))
+        return self.plan
 
     def prioritize_cpu_pods(self, args: ExtenderArgs) -> verdicts.Priorities:
         """The CPU-pod entry's prioritize (extender.schedconfig.cpu_pods_entry): a pod that asks for no GPU is ranked
@@ -156,6 +199,8 @@ class ExtenderService:
         else:
             devices = policy.devices(state, demand, node) if demand.gpus else ()
         self.view.assume(key, args.Node, demand, tuple(devices))
+        if self.plan is not None and self.plan.reserved is not None and key not in self.plan.planned:
+            self.plan.reserved.place(node, demand, tuple(devices))  # what the plan did not reserve, it now holds
         started = time.perf_counter()
         try:
             await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node,

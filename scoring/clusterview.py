@@ -22,10 +22,20 @@ from typing import Any
 
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
-from scoring.kubeobjects import (DEVICES_ANNOTATION, BoundPod, ObjectError, assigned_devices, demand_key,
-                                 holds_resources, node_spec, pod_demand, pod_key)
+from scoring.kubeobjects import (
+    DEVICES_ANNOTATION,
+    BoundPod,
+    ObjectError,
+    assigned_devices,
+    demand_key,
+    holds_resources,
+    node_spec,
+    pod_demand,
+    pod_key,
+)
 from scoring.model import ClusterState, NodeSpec, PodDemand
 from scoring.policies import Policy, make_policy
+from scoring.queueplan import QueuedPod
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +70,7 @@ class ClusterView:
         self.state: ClusterState | None = None
         self.policy: Policy | None = None
         self._dirty = True
+        self.queue: dict[str, QueuedPod] = {}  # GPU pods waiting for a node (not bound, not finished), first seen
         self.recent: OrderedDict[str, PodDemand] = OrderedDict()
         self._demands: dict[bytes, PodDemand] = {}
         self._new_shapes = 0
@@ -100,6 +111,7 @@ class ClusterView:
         key = pod_key(new or old)
         if new is not None and key not in self.recent:
             self._learn(key, new)
+        self._track_queue(key, new)
         if new is None or not holds_resources(new):
             self.pods.pop(key, None)
             placement = self.placements.get(key)
@@ -128,6 +140,26 @@ class ClusterView:
                 return
             self._unplace(key)
         self._place(bound)
+
+    def _track_queue(self, key: str, pod: Obj | None) -> None:
+        """Keep `queue`: GPU pods without a node that are neither finished nor being deleted (scoring.queueplan)."""
+        if (pod is None or (pod.get("spec") or {}).get("nodeName")
+                or (pod.get("metadata") or {}).get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
+            self.queue.pop(key, None)
+            return
+        if key in self.queue:
+            return
+        try:
+            demand = self.demand(pod)
+        except (ObjectError, UnknownGpuModelError, ValueError):
+            return
+        if demand.gpus:
+            self.queue[key] = QueuedPod(key, demand, self.clock())
+
+    def waiting(self) -> list[QueuedPod]:
+        """The queue without the pods this extender holds GPUs for already (assumed, the binding not yet seen)."""
+        return [p for k, p in self.queue.items() if k not in self.placements]
 
     # ---- the model -------------------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[ClusterState, Policy]:
@@ -254,5 +286,5 @@ class ClusterView:
 
     def stats(self) -> dict[str, int]:
         return {"nodes": len(self.nodes), "gpu_nodes": sum(1 for s in self.specs.values() if s.gpus),
-                "pods": len(self.pods), "assumed": len(self.assumed),
+                "pods": len(self.pods), "assumed": len(self.assumed), "queued": len(self.queue),
                 "unreadable_nodes": len(self.bad_nodes)}

@@ -109,6 +109,38 @@ def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[
     return Priorities(names, rows, out, state.names[best] if best >= 0 else None, state.names)
 
 
+HELD_FOR_PLAN = ("held for the pods gpuaas planned ahead of this one (the pending GPU pods are placed jointly, "
+                 "largest first; this pod goes first once it has waited queue_max_wait_seconds)")
+
+
+def hold_for_plan(verdict: FilterVerdict, state: ClusterState, reserved: ClusterState, pod: PodDemand) -> None:
+    """A pod the joint plan left out may not take room promised to planned pods: of the nodes it fits now, those it
+    does not fit on `reserved` (the model with every planned pod placed) move to `failed` (resolvable: the room frees
+    when the plan changes). Changes `verdict`."""
+    if not verdict.feasible:
+        return
+    rows = node_indices(reserved, verdict.feasible)
+    keep = feasible(reserved, pod)[rows]
+    if keep.all():
+        return
+    held = list(compress(verdict.feasible, (~keep).tolist()))
+    verdict.feasible = list(compress(verdict.feasible, keep.tolist()))
+    verdict.feasible_rows = node_indices(state, verdict.feasible)
+    verdict.failed.update(dict.fromkeys(held, HELD_FOR_PLAN))
+
+
+def steer(state: ClusterState, scored: Priorities, pod: PodDemand, row: int) -> Priorities:
+    """Rank the planned node (model row `row`) first when it is a candidate the pod fits now: it gets the top score
+    and the others at most two below, so kube-scheduler's own scores between nodes it treats alike cannot outweigh
+    it. Unchanged when it is not (the plan is stale: the next one fixes it)."""
+    at = np.flatnonzero(scored.rows == row)
+    if at.size == 0 or not feasible(state, pod)[row]:
+        return scored
+    scores = np.minimum(scored.scores, MAX_EXTENDER_PRIORITY - 2)
+    scores[at] = MAX_EXTENDER_PRIORITY
+    return Priorities(scored.names, scored.rows, scores, scored.row_names[row], scored.row_names)
+
+
 def devices_free(state: ClusterState, node: int, pod: PodDemand, devices: tuple[int, ...]) -> bool:
     """Whether `devices` on `node` can still take the pod (a choice made earlier, before other placements)."""
     if not pod.gpus:

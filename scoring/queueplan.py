@@ -1,0 +1,65 @@
+"""Joint placement of the pending queue: when many GPU pods wait at once (after an outage, a large submission, a
+Deployment scaled up), place them together instead of in whatever order kube-scheduler takes them.
+
+`plan_queue` places every waiting pod on a copy of the model with the same loop as everywhere else
+(scoring.placement), largest first, which packs better than arrival order (big pods first leave the small ones to
+fill the gaps, first-fit-decreasing style): each pod gets a planned node, or none when the plan has no room for it.
+The extender then steers each pod to its planned node (prioritize ranks it first), and judges pods the plan left out
+on the model with every planned pod already placed (`reserved`), so that they cannot take the room promised to the
+pods planned before them. A pod that has waited `max_wait_s` goes first in the next plan, so none waits for ever.
+Pure.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scoring.fragmentation import Workload
+from scoring.model import ClusterState, PodDemand
+from scoring.placement import Choice, Placer
+from scoring.policies import make_policy
+
+
+@dataclass(frozen=True)
+class QueuedPod:
+    key: str  # namespace/name
+    demand: PodDemand
+    waiting_since: float  # seconds, the caller's clock
+
+
+@dataclass
+class QueuePlan:
+    planned: dict[str, Choice] = field(default_factory=dict)  # pod key -> model row and devices
+    left_out: list[str] = field(default_factory=list)  # pods the plan has no room for (they wait)
+    reserved: ClusterState | None = None  # the model with every planned pod placed
+    made_at: float = 0.0
+    state_version: int = -1
+
+    def node_of(self, key: str) -> int | None:
+        choice = self.planned.get(key)
+        return None if choice is None else choice.node
+
+
+def plan_order(queue: Sequence[QueuedPod], now: float, max_wait_s: float) -> list[QueuedPod]:
+    """Pods that waited max_wait_s first, oldest first; then largest first (GPU share, then CPU), oldest first among
+    equals."""
+    def key(p: QueuedPod) -> tuple[bool, float, int, int, float, str]:
+        overdue = now - p.waiting_since >= max_wait_s
+        return (not overdue, p.waiting_since if overdue else 0.0, -p.demand.total_gpu_milli, -p.demand.cpu_milli,
+                p.waiting_since, p.key)
+    return sorted(queue, key=key)
+
+
+def plan_queue(state: ClusterState, policy: str, workload: Workload | None, queue: Sequence[QueuedPod], *,
+               now: float, max_wait_s: float) -> QueuePlan:
+    """Place the queue on a copy of `state`, in plan_order, with `policy`; `state` is not changed."""
+    reserved = state.copy()
+    placer = Placer(reserved, make_policy(policy, reserved, workload))
+    plan = QueuePlan(reserved=reserved, made_at=now, state_version=state.version)
+    for pod in plan_order(queue, now, max_wait_s):
+        choice = placer.place(pod.demand)
+        if choice is None:
+            plan.left_out.append(pod.key)
+        else:
+            plan.planned[pod.key] = choice
+    return plan

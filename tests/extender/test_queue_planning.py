@@ -1,0 +1,111 @@
+"""Joint planning of the pending GPU pods in the extender: kube-scheduler takes the pods in its own order, the
+extender steers each to the node a largest-first plan of the whole queue gave it, and keeps the room promised to
+planned pods from pods the plan left out."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from extender.metrics import Metrics
+from extender.service import ExtenderService, QueuePlanning
+from extender.wire import ExtenderArgs, ExtenderBindingArgs
+from runtime.pools import parse_pool_spec, spec_node_objects
+from scoring.clusterview import ClusterView
+from scoring.verdicts import HELD_FOR_PLAN
+from tests.conftest import Clock
+
+from .fixtures import bound, pending
+from .test_view import RecordingBinder
+
+TWO_NODES = {"pools": [{"name": "a", "count": 2, "gpu": {"model": "A100-80GB", "count": 4}, "cpu": "32",
+                        "memory": "128Gi"}]}
+NAMES = ["a-0000", "a-0001"]
+
+
+def cluster(planning: QueuePlanning, pods: dict[str, dict[str, Any]], clock: Clock) -> ExtenderService:
+    view = ClusterView("first-fit", clock=clock)  # a policy blind to what comes next: the order decides
+    for n in spec_node_objects(parse_pool_spec(TWO_NODES)):
+        view.on_change("Node", None, n)
+    for p in pods.values():
+        view.on_change("Pod", None, p)
+
+    async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
+        return pods.get(f"{namespace}/{name}")
+
+    return ExtenderService(view, RecordingBinder(), Metrics(), lookup, queue_planning=planning)
+
+
+def schedule(svc: ExtenderService, pods: dict[str, dict[str, Any]], order: list[str]) -> dict[str, str | None]:
+    """What kube-scheduler does per pod, in `order`: filter, prioritize, bind to the top-ranked node; then the watch
+    shows the pod bound. Returns the node per pod (None: no node fit)."""
+    out: dict[str, str | None] = {}
+    for name in order:
+        pod = pods[f"ml/{name}"]
+        fits = svc.filter(ExtenderArgs(Pod=pod, NodeNames=NAMES)).NodeNames
+        if not fits:
+            out[name] = None
+            continue
+        node = svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=fits)).pick
+        assert node is not None
+        result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName=name, PodNamespace="ml", PodUID=f"uid-{name}",
+                                                          Node=node)))
+        assert result.Error == ""
+        devices = binder_calls(svc)[-1][2]["gpuaas.io/devices"]
+        svc.view.on_change("Pod", pod, bound(pod, node, devices))
+        out[name] = node
+    return out
+
+
+def binder_calls(svc: ExtenderService) -> list[tuple[str, str, dict[str, str]]]:
+    assert isinstance(svc.binder, RecordingBinder)
+    return svc.binder.calls
+
+
+def burst() -> dict[str, dict[str, Any]]:
+    return {f"ml/{n}": pending(n, gpus=g) for n, g in (("one-a", 1), ("one-b", 1), ("three-a", 3), ("three-b", 3))}
+
+
+def test_a_burst_planned_jointly_places_every_pod_where_one_at_a_time_strands_gpus():
+    order = ["one-a", "one-b", "three-a", "three-b"]  # the scheduler's order: small ones first
+    pods = burst()
+    alone = schedule(cluster(QueuePlanning(min_pods=0), pods, Clock()), pods, order)
+    assert alone == {"one-a": "a-0000", "one-b": "a-0000", "three-a": "a-0001", "three-b": None}
+
+    pods = burst()
+    svc = cluster(QueuePlanning(min_pods=2, refresh_s=1000.0), pods, Clock())
+    jointly = schedule(svc, pods, order)
+    assert jointly == {"one-a": "a-0000", "one-b": "a-0001", "three-a": "a-0000", "three-b": "a-0001"}
+    decisions = {s.labels["outcome"]: s.value for s in svc.metrics.decisions.collect()[0].samples
+                 if s.labels.get("verb") == "prioritize" and s.name.endswith("_total")}
+    # The last pod waits alone, below min_pods: no plan, ranked on its own (to the same node).
+    assert decisions.get("steered") == 3
+
+
+def test_a_pod_the_plan_left_out_is_held_back_until_it_has_waited_max_wait():
+    clock = Clock()
+    pods: dict[str, dict[str, Any]] = {}
+    svc = cluster(QueuePlanning(min_pods=2, refresh_s=10.0, max_wait_s=60.0), pods, clock)
+
+    def arrive(name: str, n: int, t: float) -> dict[str, Any]:
+        clock.t = t
+        pods[f"ml/{name}"] = pending(name, gpus=n)
+        svc.view.on_change("Pod", None, pods[f"ml/{name}"])
+        return pods[f"ml/{name}"]
+
+    arrive("big-a", 4, 0.0)
+    late = arrive("late", 1, 11.0)
+    arrive("big-b", 4, 50.0)
+    # Largest first: one 4-GPU pod per node, and no room for the late 1-GPU pod, which may not take theirs.
+    verdict = svc.filter(ExtenderArgs(Pod=late, NodeNames=NAMES))
+    assert verdict.NodeNames == [] and verdict.FailedNodes == dict.fromkeys(NAMES, HELD_FOR_PLAN)
+    clock.t = 72.0  # the late pod has waited 61 s: it goes first with big-a, the older one; big-b, newer, waits
+    assert svc.filter(ExtenderArgs(Pod=late, NodeNames=NAMES)).NodeNames == NAMES
+    assert svc.plan is not None and svc.plan.left_out == ["ml/big-b"]
+    assert svc.prioritize(ExtenderArgs(Pod=late, NodeNames=NAMES)).pick == NAMES[svc.plan.planned["ml/late"].node]
+
+
+def test_below_min_pods_no_plan_is_made():
+    pods = {"ml/solo": pending("solo", gpus=1)}
+    svc = cluster(QueuePlanning(min_pods=2), pods, Clock())
+    svc.filter(ExtenderArgs(Pod=pods["ml/solo"], NodeNames=NAMES))
+    assert svc.plan is None
