@@ -43,9 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from scoring.fit import cpu_fits, devices_fit, memory_fits
+from scoring.clusterview import WORKLOAD_WINDOW
+from scoring.fit import cpu_fits, devices_fit, feasible, memory_fits
+from scoring.fragmentation import Workload
 from scoring.kubeobjects import DEVICES_ANNOTATION, assigned_devices, node_spec, pod_demand
-from scoring.model import MILLI, ClusterState, PodDemand
+from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand
+from scoring.placement import Placer
+from scoring.policies import make_policy
 from scoring.simulation import SimulationResult, inflate, simulate
 
 NAMESPACE = "replay"
@@ -76,7 +80,7 @@ def by_kind(arrived: Sequence[PodDemand], placed: Sequence[bool]) -> dict[str, d
     return {k: {"arrived": came[k], "placed": got[k], "failed": came[k] - got[k]} for k in sorted(came, key=kind_rank)}
 
 
-def out_of_order(creation_ranks_in_bind_order: Sequence[int]) -> dict[str, int]:
+def out_of_order(creation_ranks_in_bind_order: Sequence[int]) -> dict[str, float]:
     """How far the bind order departs from the creation order. The argument lists, in the order the pods were bound,
     each pod's position in the creation order. `adjacent`: consecutive binds whose pods were created the other way
     round; `pairs`: all pairs of bound pods bound in the opposite order to their creation (inversions), out of
@@ -89,8 +93,10 @@ def out_of_order(creation_ranks_in_bind_order: Sequence[int]) -> dict[str, int]:
         pairs += len(seen) - bisect_right(seen, r)
         insort(seen, r)
     n = len(ranks)
-    return {"binds": n, "adjacent": adjacent, "adjacent_total": max(0, n - 1), "pairs": pairs,
-            "pairs_total": n * (n - 1) // 2}
+    total = n * (n - 1) // 2
+    # Kendall's tau of bind order against creation order: 1 in order, 0 unrelated, -1 reversed.
+    return {"binds": n, "adjacent": adjacent, "adjacent_total": max(0, n - 1), "pairs": pairs, "pairs_total": total,
+            "kendall_tau": round(1 - 2 * pairs / total, 3) if total else 1.0}
 
 
 def gpu_use(placements: Iterable[tuple[str, Sequence[int], PodDemand]]) -> dict[tuple[str, int], int]:
@@ -166,6 +172,161 @@ def cpu_only_on_gpu_nodes(state: ClusterState) -> dict[str, int]:
     """CPU-only pods on nodes with GPUs, the nodes holding them, and the CPU they take."""
     pods = [(i, p) for i in range(len(state)) if state.gpu_count[i] for p, _ in state.pods_on[i] if not p.gpus]
     return {"pods": len(pods), "nodes": len({i for i, _ in pods}), "cpu_milli": sum(p.cpu_milli for _, p in pods)}
+
+
+# The extender's ClusterView re-derives the workload from the last WORKLOAD_WINDOW arrivals once this many are new.
+def _workload_due(new: int, seen: int) -> bool:
+    return new >= max(50, min(seen, WORKLOAD_WINDOW) // 10)
+
+
+_EMPTY_WORKLOAD_POD = PodDemand(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=1000)  # ClusterView.workload's
+
+
+def place_in_order(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], pods: Sequence[PodDemand],
+                   order: Sequence[int], policy: str, seed: int, tune: float, *, workload: Workload | str = "trace",
+                   cpu_random: bool = False, cpu_first_fit: Sequence[int] | None = None,
+                   cpu_nodes: dict[int, int] | None = None,
+                   tie_rank: np.ndarray | None = None) -> tuple[ClusterState, list[bool]]:
+    """The simulator's engine (scoring.simulation.simulate: same policy, random draws and tie order) on `pods` taken in
+    `order` (indices), with one or more factors of the deployment changed. `workload`: "trace" (the simulator's,
+    FGD's typical pods of the whole trace), "learned" (the extender's: re-derived from the pods arrived so far, as
+    ClusterView does), or a Workload. `cpu_random`: CPU-only pods go to a feasible node drawn at random (kube-scheduler
+    with the gpuaas profile when they are not sent to the extender: no resource scorer left, ties broken at random)
+    instead of where the policy puts them; `cpu_first_fit` (node rows in order): CPU-only pods go to the first
+    feasible node in that order (what kube-scheduler v1.36.3 nearly does with them, see first_fit_order);
+    `cpu_nodes` (pod index -> node row): CPU-only pods go where kubernetes put them (those not in it stay unplaced).
+    `tie_rank`: the node order ties go to (default: the simulator's random one). Returns the final state and, per
+    pod index, whether it was placed."""
+    rng = np.random.default_rng(seed)
+    state = ClusterState(nodes)
+    inflate(trace, state.total_gpu_milli, tune, rng)  # the draws simulate() makes before the policy's
+    learned = workload == "learned"
+    fixed = Workload.typical(trace) if workload == "trace" else workload if isinstance(workload, Workload) else None
+    seen: list[PodDemand] = []
+
+    def current() -> Workload:
+        return fixed if fixed is not None else Workload.typical(seen[-WORKLOAD_WINDOW:] or [_EMPTY_WORKLOAD_POD])
+
+    if learned and order:
+        seen.append(pods[order[0]])
+    chooser = make_policy(policy, state, current(), rng)
+    drawn = rng.permutation(len(state))
+    tie_rank = drawn if tie_rank is None else tie_rank
+    placer = Placer(state, chooser, tie_rank)
+    picks = np.random.default_rng([seed, 1])
+    placed = [False] * len(pods)
+    new = 0
+    for k, i in enumerate(order):
+        pod = pods[i]
+        if learned and k:
+            seen.append(pod)
+            new += 1
+            if _workload_due(new, len(seen)):
+                new = 0
+                placer = Placer(state, make_policy(policy, state, current(), rng), tie_rank)
+        if cpu_nodes is not None and not pod.gpus:
+            if i in cpu_nodes:
+                state.place(cpu_nodes[i], pod, ())
+                placer.policy.observe(cpu_nodes[i])
+                placed[i] = True
+            continue
+        if cpu_first_fit is not None and not pod.gpus:
+            fits = feasible(state, pod)
+            node = next((int(r) for r in cpu_first_fit if fits[r]), -1)
+            if node >= 0:
+                state.place(node, pod, ())
+                placer.policy.observe(node)
+                placed[i] = True
+            continue
+        if cpu_random and not pod.gpus:
+            fit = np.flatnonzero(feasible(state, pod))
+            if fit.size:
+                node = int(fit[picks.integers(fit.size)])
+                state.place(node, pod, ())
+                placer.policy.observe(node)
+                placed[i] = True
+            continue
+        placed[i] = placer.place(pod) is not None
+    return state, placed
+
+
+def cluster_names(nodes: Sequence[NodeSpec], pool_names: Sequence[str]) -> list[str]:
+    """The name each of `nodes` has in the cluster runtime.pools.pools_from_node_specs makes of them: one pool per
+    distinct (GPU model, GPUs, CPU, memory) in order of first appearance (`pool_names`, in that order), its nodes
+    named <pool>-0000, <pool>-0001, ... in the order they appear in `nodes`."""
+    pool_of: dict[tuple[str, int, int, int], int] = {}
+    seen: Counter[int] = Counter()
+    out = []
+    for s in nodes:
+        i = pool_of.setdefault((s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib), len(pool_of))
+        out.append(f"{pool_names[i]}-{seen[i]:04d}")
+        seen[i] += 1
+    return out
+
+
+def first_fit_order(names: Sequence[str]) -> list[int]:
+    """Rows of `names` (cluster_names) in the order the harness creates the nodes: pool by pool, then by index.
+    kube-scheduler v1.36.3 breaks score ties at random only between nodes an extender scored
+    (prioritizeNodes sets NodePluginScores.Randomizer there alone; kubernetes/kubernetes#141024): a pod no extender
+    scores, with no resource scorer left in the profile, goes to the first node of its feasible list, which the
+    parallel filter fills in roughly node order, so CPU-only pods land nearly first-fit in that order."""
+    return sorted(range(len(names)), key=lambda i: (int(names[i].split("-")[0][1:]), names[i]))
+
+
+def variant_summary(state: ClusterState, pods: Sequence[PodDemand], placed: Sequence[bool]) -> dict[str, Any]:
+    used = sum(p.total_gpu_milli for p, ok in zip(pods, placed, strict=True) if ok)
+    return {
+        "allocation_ratio": ratio(used, state.total_gpu_milli),
+        "failed_by_kind": {k: v["failed"] for k, v in by_kind(pods, placed).items()},
+        "partly_used_gpus": partly_used_in_state(state),
+        "free_gpu_at_end": free_gpu_breakdown(state, [p for p, ok in zip(pods, placed, strict=True) if not ok]),
+    }
+
+
+def simulator_variants(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], pods: Sequence[PodDemand],
+                       args: argparse.Namespace, bind_order: Sequence[int] | None,
+                       cpu_nodes: dict[int, int] | None = None, names: Sequence[str] | None = None
+                       ) -> dict[str, Any]:
+    """The simulator with the deployment's departures from it put in one at a time, then together: which of them
+    accounts for the points kubernetes lost. `bind_order`: the creation indices in the order kubernetes bound them;
+    `cpu_nodes`: the node row (of `nodes`) kubernetes put each bound CPU-only pod on; `names`: the cluster's name of
+    each of `nodes` (the extender breaks ties by name order)."""
+    creation = list(range(len(pods)))
+    run = {"policy": args.policy, "seed": args.seed, "tune": args.tune}
+    factors: dict[str, dict[str, Any]] = {"none (must equal the simulator)": {}}
+    together: dict[str, Any] = {}
+    if not args.all_pods:
+        factors["cpu_only_pods_at_random"] = {"cpu_random": True}
+        if names is not None:
+            factors["cpu_only_pods_first_fit_in_node_order"] = {"cpu_first_fit": first_fit_order(names)}
+            together["cpu_first_fit"] = first_fit_order(names)
+    if cpu_nodes is not None:  # pinned at arrival, whatever the GPU pods did meanwhile: only roughly the same state
+        factors["cpu_only_pods_where_kubernetes_put_them"] = {"cpu_nodes": cpu_nodes}
+    if names is not None:
+        rank = np.empty(len(names), dtype=np.int64)
+        rank[np.argsort(np.array(names), kind="stable")] = np.arange(len(names))
+        factors["extender_tie_order"] = {"tie_rank": rank}
+        together["tie_rank"] = rank
+    if args.mode == "sequential":
+        factors["workload_learned_from_arrivals"] = {"workload": "learned"}
+        together["workload"] = "learned"
+    else:
+        # The extender saw every pod arrive before the scheduler started: its workload is the replayed pods'.
+        factors["workload_of_the_replayed_pods"] = {"workload": Workload.typical(pods)}
+        together["workload"] = Workload.typical(pods)
+        if bind_order is not None:  # bound pods in bind order, then the rest in creation order (their tries unknown)
+            rest = sorted(set(creation) - set(bind_order))
+            factors["kubernetes_bind_order"] = {"order": [*bind_order, *rest]}
+            together["order"] = factors["kubernetes_bind_order"]["order"]
+    if len(together) > 1:
+        factors["all_of_the_above"] = together
+    out: dict[str, Any] = {}
+    for name, f in factors.items():
+        f = dict(f)
+        order = f.pop("order", creation)
+        state, placed = place_in_order(nodes, trace, pods, order, **run, **f)
+        out[name] = variant_summary(state, pods, placed)
+    return out
 
 
 def simulator_summary(sim: SimulationResult) -> dict[str, Any]:
@@ -424,6 +585,9 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
             objs = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
             node_objs = json.loads(core.list_node(_preload_content=False).data)["items"]
             out["extender_decisions"] = extender_decisions(ext.url)
+            if args.dump:
+                args.dump.write_text(json.dumps({"pods": objs, "nodes": node_objs, "bind_seconds": bind_times,
+                                                 "marked_unschedulable": marked}))
         finally:
             if watcher is not None:
                 watcher.stop()
@@ -464,6 +628,8 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
             "by_kind": dict(Counter(kind(demand_of[n]) for n in late)),
             "last_bind_s": round(max((bind_times.get(n, 0.0) for n in late), default=0.0), 1)},
         "bind_order_out_of_creation_order": out_of_order([rank[n] for n in order]),
+        "bind_order": [rank[n] for n in order],
+        "cpu_only_nodes": {rank[n]: by_name[n]["spec"]["nodeName"] for n in bound_names if not demand_of[n].gpus},
         "partly_used_gpus": partly_used(gpu_use(placements)),
         "model_state_issues": issues,
         "cpu_only_pods_on_gpu_nodes": cpu_only_on_gpu_nodes(state),
@@ -491,6 +657,7 @@ def main() -> None:
     parser.add_argument("--gpu-only", action="store_true", help="leave CPU-only pods out of the replay")
     parser.add_argument("--all-pods", action="store_true",
                         help="send CPU-only pods to the extender too (extender_entry(all_pods=True))")
+    parser.add_argument("--dump", type=Path, help="write the final Pod and Node objects and bind times here (JSON)")
     parser.add_argument("--workdir", type=Path, help="keep the cluster's logs here (default: a temporary folder)")
     args = parser.parse_args()
 
@@ -512,6 +679,11 @@ def main() -> None:
         "the replay must see the simulator's pod list"
     simulator = simulator_summary(sim)
     kubernetes = run_cluster(args, spec, pods, capacity)
+    bind_order = kubernetes.pop("bind_order")
+    names = cluster_names(nodes, [p.name for p in spec.pools])
+    row = {n: i for i, n in enumerate(names)}
+    cpu_nodes = {i: row[n] for i, n in kubernetes.pop("cpu_only_nodes").items()}
+    variants = simulator_variants(nodes, trace, pods, args, bind_order, cpu_nodes, names)
     diff = round(kubernetes["allocation_ratio"] - simulator["allocation_ratio"], 2)
     print(json.dumps({
         "bench": "extender_replay",
@@ -522,8 +694,10 @@ def main() -> None:
         "simulator": simulator,
         "kubernetes": kubernetes,
         "difference_points": diff, "target_abs_difference": 1.0,
+        "simulator_with_the_deployments_departures": variants,
         "timings": {"simulator_s": simulator["seconds"], **kubernetes["timings"],
                     "total_s": round(time.monotonic() - started, 1)},
+        "bind_order": bind_order,  # creation indices in the order kubernetes bound the pods
     }, indent=2))
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from bench.extender_replay import (
     by_kind,
+    cluster_names,
+    first_fit_order,
     first_gpu_failure,
     free_gpu_breakdown,
     gpu_use,
@@ -10,8 +12,10 @@ from bench.extender_replay import (
     out_of_order,
     partly_used,
     partly_used_in_state,
+    place_in_order,
 )
 from scoring.model import ClusterState, NodeSpec, PodDemand
+from scoring.simulation import simulate
 
 CPU = PodDemand(cpu_milli=1000, memory_mib=1024)
 SHARE = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=400)
@@ -21,9 +25,9 @@ TWO = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=2, gpu_milli=1000)
 
 def test_out_of_order_counts_adjacent_and_all_pairs():
     assert out_of_order([0, 1, 2, 3]) == {"binds": 4, "adjacent": 0, "adjacent_total": 3, "pairs": 0,
-                                          "pairs_total": 6}
+                                          "pairs_total": 6, "kendall_tau": 1.0}
     reversed_ = out_of_order([3, 2, 1, 0])
-    assert (reversed_["adjacent"], reversed_["pairs"]) == (3, 6)
+    assert (reversed_["adjacent"], reversed_["pairs"], reversed_["kendall_tau"]) == (3, 6, -1.0)
     ranks = [2, 0, 3, 1, 5, 4]
     brute = sum(1 for i in range(len(ranks)) for j in range(i + 1, len(ranks)) if ranks[i] > ranks[j])
     got = out_of_order(ranks)
@@ -31,7 +35,8 @@ def test_out_of_order_counts_adjacent_and_all_pairs():
     assert got["adjacent"] == 3  # 2>0, 3>1, 5>4
     # Gaps in the ranks (pods never bound) do not matter, only the relative order.
     assert out_of_order([10, 40, 20])["pairs"] == 1
-    assert out_of_order([]) == {"binds": 0, "adjacent": 0, "adjacent_total": 0, "pairs": 0, "pairs_total": 0}
+    assert out_of_order([]) == {"binds": 0, "adjacent": 0, "adjacent_total": 0, "pairs": 0, "pairs_total": 0,
+                                "kendall_tau": 1.0}
 
 
 def test_partly_used_gpus_from_placements():
@@ -85,3 +90,34 @@ def test_free_gpu_breakdown_separates_cpu_stranding_from_fragments():
     assert got["on_nodes_where_an_unplaced_gpu_pod_fits_now"] == 1000
     assert got["elsewhere_fragments_or_model"] == 600
     assert got["unplaced_gpu_pods_that_fit_now"] == 2
+
+
+def test_cluster_names_follow_the_pool_spec_and_first_fit_its_creation_order():
+    from runtime.pools import pools_from_node_specs, spec_node_objects
+
+    nodes = [NodeSpec(f"t{i}", 8_000, 64_000, 2, "T4") if i % 3 else NodeSpec(f"g{i}", 96_000, 393_216, 8, "G2")
+             for i in range(12)]
+    spec = pools_from_node_specs(nodes)
+    names = cluster_names(nodes, [p.name for p in spec.pools])
+    created = [o["metadata"]["name"] for o in spec_node_objects(spec)]
+    assert sorted(names) == sorted(created)
+    assert [names[i] for i in first_fit_order(names)] == created
+    # each name is a node of the same shape
+    by_name = {o["metadata"]["name"]: o for o in spec_node_objects(spec)}
+    for node, name in zip(nodes, names, strict=True):
+        assert by_name[name]["status"]["allocatable"]["nvidia.com/gpu"] == str(node.gpus)
+
+
+def test_place_in_order_without_changes_is_the_simulator():
+    nodes = [NodeSpec(f"n{i}", 32_000, 128_000, 4, "T4") for i in range(6)]
+    trace = [SHARE, ONE, TWO, CPU, PodDemand(cpu_milli=20_000, memory_mib=1024)]
+    sim = simulate(nodes, trace, "gpuaas", 7, tune=1.4)
+    order = list(range(sim.pods))
+    state, placed = place_in_order(nodes, trace, sim.arrivals, order, "gpuaas", 7, 1.4)
+    assert placed == [bool(x >= 0) for x in sim.node_of]
+    assert (state.gpu_left == sim.final_state.gpu_left).all()
+    # CPU-only pods first-fit in the given node order land on the first node that has room
+    state, placed = place_in_order(nodes, trace, sim.arrivals, order, "gpuaas", 7, 1.4,
+                                   cpu_first_fit=[5, 4, 3, 2, 1, 0])
+    first_cpu = next(i for i, p in enumerate(sim.arrivals) if not p.gpus)
+    assert placed[first_cpu] and sim.arrivals[first_cpu] in [p for p, _ in state.pods_on[5]]
