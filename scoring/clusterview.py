@@ -85,7 +85,10 @@ class ClusterView:
             self._on_pod(old, new)
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
-        name = (new or old)["metadata"]["name"]
+        obj = new or old
+        if obj is None:  # the informer's DELETED event for an object it never stored: raised, as before, and logged
+            raise ValueError("a change without an object")
+        name = obj["metadata"]["name"]
         if new is None:
             self.nodes.pop(name, None)
             self.bad_nodes.pop(name, None)
@@ -108,7 +111,10 @@ class ClusterView:
             self._dirty = True
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
-        key = pod_key(new or old)
+        obj = new or old
+        if obj is None:  # the informer's DELETED event for an object it never stored: raised, as before, and logged
+            raise ValueError("a change without an object")
+        key = pod_key(obj)
         if new is not None and key not in self.recent:
             self._learn(key, new)
         self._track_queue(key, new)
@@ -213,7 +219,7 @@ class ClusterView:
                 self.assume(key, placement.node, placement.demand, placement.devices)
 
     def _place(self, bound: BoundPod, keep_assumed: Placement | None = None) -> None:
-        if self.state is None or self._dirty:
+        if self.state is None or self.policy is None or self._dirty:
             return  # placed at the next rebuild
         node = self.state.index.get(bound.node)
         if node is None:
@@ -222,10 +228,8 @@ class ClusterView:
         if devices is None and keep_assumed is not None and keep_assumed.node == bound.node:
             devices = keep_assumed.devices
         try:
-            if devices is None:
+            if devices is None:  # the policy raises ValueError or IndexError when the node has no device left for it
                 devices = self.policy.devices(self.state, bound.demand, node) if bound.demand.gpus else ()
-            if devices is None:  # the policy found no free device: the node holds more than the model knows
-                raise ValueError("no free device left for it in the model")
             self.state.place(node, bound.demand, devices)
         except (ValueError, KeyError, IndexError) as err:
             # The cluster holds more than the model thinks fits (a pod bound past gpuaas): count it, keep going.
@@ -238,7 +242,7 @@ class ClusterView:
     def _unplace(self, key: str) -> None:
         self.assumed.pop(key, None)
         placement = self.placements.pop(key, None)
-        if placement is None or self.state is None or self._dirty:
+        if placement is None or self.state is None or self.policy is None or self._dirty:
             return
         node = self.state.index.get(placement.node)
         if node is None:

@@ -22,7 +22,7 @@ class NodeConstraints:
     tolerations: tuple[tuple[str, str, str, str], ...] = ()  # (key, operator, value, effect)
 
     @classmethod
-    def of(cls, pod: Mapping[str, Any]) -> "NodeConstraints":
+    def of(cls, pod: Mapping[str, Any]) -> NodeConstraints:
         spec = pod.get("spec") or {}
         terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
                   .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ())

@@ -7,22 +7,22 @@ per-dimension rules below, so what the filter refuses and what the explanation s
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scoring.model import MILLI, ClusterState, PodDemand
 from scoring.rowwise import any_per_row, count_per_row
 
+# -- the rules, as bool[N] over every node -----------------------------------------------------------------------------
 
-# -- the rules, as bool[N] over every node ------------------------------------------------------------------------------
-
-def cpu_fits(state: ClusterState, pod: PodDemand) -> np.ndarray:
+def cpu_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     return state.cpu_left >= pod.cpu_milli
 
 
-def memory_fits(state: ClusterState, pod: PodDemand) -> np.ndarray:
+def memory_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     return state.mem_left >= pod.memory_mib
 
 
-def devices_fit(state: ClusterState, pod: PodDemand) -> np.ndarray:
+def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     """Free devices of the kind the pod asks (a free MIG instance of its profile, a GPU with its share free, or that
     many wholly free GPUs), whatever the GPU model. Only for pods that ask for GPUs."""
     if pod.mig_profile:
@@ -35,7 +35,7 @@ def devices_fit(state: ClusterState, pod: PodDemand) -> np.ndarray:
     return count_per_row(state.gpu_left == MILLI) >= pod.gpus
 
 
-def feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
+def feasible(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     """bool[N]: the pod fits on the node now (CPU, memory, GPU model, GPUs/share/MIG instance)."""
     ok = cpu_fits(state, pod) & memory_fits(state, pod)
     if pod.gpus == 0:
@@ -43,7 +43,7 @@ def feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
     return ok & state.model_allowed(pod) & devices_fit(state, pod)
 
 
-# -- the words ----------------------------------------------------------------------------------------------------------
+# -- the words ---------------------------------------------------------------------------------------------------------
 
 def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tuple[np.ndarray, list[str], int]:
     """Why each node (model row) cannot take the pod now, for all rows at once: (code per row, message per code,

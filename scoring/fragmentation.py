@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from scoring.model import MILLI, ClusterState, PodDemand
 
@@ -35,11 +36,11 @@ class Shape:
     allowed_models: frozenset[str]
 
     @staticmethod
-    def of(pod: PodDemand) -> "Shape":
+    def of(pod: PodDemand) -> Shape:
         cpu = pod.cpu_milli if pod.cpu_milli > 0 else DEFAULT_MILLI_CPU_REQUEST
         return Shape(cpu, pod.gpu_milli if pod.gpus else 0, pod.gpus, pod.allowed_models)
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[int, int, int, str]:
         # The simulator's PodResource.Less order (cpu, milli, count, model string).
         return (self.cpu_milli, self.gpu_milli, self.gpus, "|".join(sorted(self.allowed_models)))
 
@@ -54,7 +55,7 @@ class Workload:
     memory_per_gpu_milli: float = 0.0
 
     @staticmethod
-    def typical(pods: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD) -> "Workload":
+    def typical(pods: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD) -> Workload:
         """FGD's GetTypicalPods: most frequent shapes, added one at a time until they cover `threshold` of pods,
         popularity renormalised over the kept shapes. Equal counts are ordered as the simulator orders them. The memory
         rate is over all GPU pods given."""
@@ -77,7 +78,7 @@ class Workload:
         return Workload(tuple(s for s, _ in kept), pop, memory)
 
     @staticmethod
-    def of_shapes(shapes_and_weights: Iterable[tuple[Shape, float]]) -> "Workload":
+    def of_shapes(shapes_and_weights: Iterable[tuple[Shape, float]]) -> Workload:
         items = list(shapes_and_weights)
         w = np.array([x for _, x in items], dtype=np.float64)
         return Workload(tuple(s for s, _ in items), w / w.sum())
@@ -114,7 +115,7 @@ class FragmentationIndex:
         self.frag = np.zeros(n, dtype=np.float64)
         self.refresh(np.arange(n))
 
-    def refresh(self, rows) -> None:
+    def refresh(self, rows: ArrayLike) -> None:
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
         left = self.state.gpu_left[rows]
         ge = left[:, :, None] >= self.milli[None, None, :]
@@ -124,12 +125,14 @@ class FragmentationIndex:
         self.frag[rows] = self._frag(self.idle[rows], self.count[rows], self.usable[rows],
                                      self.state.cpu_left[rows], self.acc[rows])
 
-    def _frag(self, idle, count, usable, cpu_left, acc) -> np.ndarray:
+    def _frag(self, idle: np.ndarray, count: np.ndarray, usable: np.ndarray, cpu_left: np.ndarray,
+              acc: np.ndarray) -> np.ndarray:
         fits = acc & (count >= self.num) & (cpu_left[..., None] >= self.cpu)
         if self.cpu_aware:
             pods_by_cpu = np.maximum(cpu_left[..., None], 0) // self.cpu
             usable = np.minimum(usable, pods_by_cpu * self.milli * self.num)
-        return idle - (fits * usable) @ self.p
+        frag: np.ndarray = idle - (fits * usable) @ self.p  # numpy's stubs type this as Any
+        return frag
 
     # -- what-if ---------------------------------------------------------------------------------------------------
 

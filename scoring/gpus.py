@@ -11,7 +11,7 @@ the same placement shapes, so the per-mask tables below are computed once per sh
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -117,8 +117,10 @@ def _mig_table(sizes: tuple[int, int, int, int, int, int]) -> Mapping[str, MigPr
     return MappingProxyType({p.name: p for p in profiles})
 
 
-def _model(name: str, product: str, memory_mib: int, mig=None, aliases=(), description="") -> GpuModel:
-    return GpuModel(name, product, memory_mib, mig if mig is not None else MappingProxyType({}), tuple(aliases), description)
+def _model(name: str, product: str, memory_mib: int, mig: Mapping[str, MigProfile] | None = None,
+           aliases: tuple[str, ...] = (), description: str = "") -> GpuModel:
+    return GpuModel(name, product, memory_mib, mig if mig is not None else MappingProxyType({}), tuple(aliases),
+                    description)
 
 
 _MODELS = (
@@ -234,7 +236,8 @@ def resolve_mig_layout(model: GpuModel, layout: str | Mapping[str, int]) -> tupl
     wanted: list[MigProfile] = []
     for name, count in counts.items():
         if not isinstance(count, int) or count < 0:
-            raise MigLayoutError(f"MIG profile {name!r} on {model.name}: count must be a non-negative integer, got {count!r}")
+            raise MigLayoutError(f"MIG profile {name!r} on {model.name}: count must be a non-negative integer, "
+                                 f"got {count!r}")
         if count == 0:
             continue
         if not model.mig_capable:
@@ -290,8 +293,9 @@ def _best_placement_of(model: GpuModel, all_profiles: tuple[MigProfile, ...],
     return None if best is None else tuple(best[1])
 
 
-def _placements(profiles: list[MigProfile], mask: int, min_start: int):
-    """Every non-overlapping placement of `profiles` (equal profiles in increasing start order, to skip permutations)."""
+def _placements(profiles: list[MigProfile], mask: int,
+                min_start: int) -> Iterator[tuple[list[MigPlacement], int]]:
+    """Every non-overlapping placement of `profiles` (equal profiles in increasing start order: no permutations)."""
     if not profiles:
         yield [], mask
         return
@@ -337,7 +341,7 @@ class MigTables:
     reachable: np.ndarray
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tables_for_shapes(shapes: tuple[tuple[int, tuple[int, ...]], ...]) -> tuple[np.ndarray, ...]:
     n = len(shapes)
     fit = np.zeros((256, n), dtype=np.uint8)

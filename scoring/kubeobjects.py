@@ -34,14 +34,14 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from scoring.gpus import MIG_RESOURCE_PREFIX, MigLayoutError, get_model, model_by_product, resolve_mig_layout
+from scoring.gpus import MIG_RESOURCE_PREFIX, GpuModel, MigLayoutError, get_model, model_by_product, resolve_mig_layout
 from scoring.model import MAX_GPUS_PER_NODE, MILLI, NodeSpec, PodDemand
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -297,7 +297,8 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
                     mig_layouts=layouts, node_group=pool)
 
 
-def _mig_layouts(gpus: int, mig_gpus: int, counts: dict[str, int], where: str):
+def _mig_layouts(gpus: int, mig_gpus: int, counts: dict[str, int],
+                 where: str) -> tuple[dict[str, int] | None, ...] | None:
     """Spread the advertised instances over the MIG-enabled GPUs (the last `mig_gpus` indices), evenly, as the MIG
     manager applies one config to every GPU; remainders go to the first MIG GPUs."""
     if not mig_gpus:
@@ -309,7 +310,9 @@ def _mig_layouts(gpus: int, mig_gpus: int, counts: dict[str, int], where: str):
             n = base + (1 if i < extra else 0)
             if n:
                 per_gpu[i][profile] = n
-    return tuple([None] * (gpus - mig_gpus) + per_gpu)
+    layouts: list[dict[str, int] | None] = [None] * (gpus - mig_gpus)  # GPUs without MIG first
+    layouts.extend(per_gpu)
+    return tuple(layouts)
 
 
 def _blocks(annotations: Mapping[str, str], gpus: int, where: str) -> tuple[int, ...] | None:
@@ -406,14 +409,15 @@ def _container_requests(container: Any, where: str, field: str, i: int) -> list[
     if type(res) is not dict:
         res = _map(res, f"{where}: spec.{field}[{i}].resources")
     limits, requests = res.get("limits"), res.get("requests")
+    merged: Mapping[str, Any]
     if limits is not None and requests is not None:
         # Extended resources may be given as limits only; Kubernetes copies them to requests.
         merged = {**_map(limits, f"{where}: spec.{field}[{i}].resources.limits"),
                   **_map(requests, f"{where}: spec.{field}[{i}].resources.requests")}
     else:
-        merged = limits if requests is None else requests
-        if type(merged) is not dict:
-            merged = _map(merged, f"{where}: spec.{field}[{i}].resources.{'requests' if limits is None else 'limits'}")
+        given = limits if requests is None else requests
+        merged = given if type(given) is dict else \
+            _map(given, f"{where}: spec.{field}[{i}].resources.{'requests' if limits is None else 'limits'}")
     out = []
     for k, v in merged.items():
         try:
@@ -455,11 +459,13 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         if share:
             milli = _count(share, _decimal(share), f"{where}: {SHARE_RESOURCE}")
             if not 0 < milli <= MILLI:
-                raise UnsupportedDemand(f"{where}: {SHARE_RESOURCE} must be 1..{MILLI} thousandths of a GPU, got {milli}")
+                raise UnsupportedDemand(f"{where}: {SHARE_RESOURCE} must be 1..{MILLI} thousandths of a GPU, "
+                                        f"got {milli}")
             return PodDemand(cpu, mem, gpus=1, gpu_milli=milli, allowed_models=allowed, name=name)
         if migs:
             if len(migs) > 1 or next(iter(migs.values())) != _NANO:
-                raise UnsupportedDemand(f"{where}: asks for {dict((k, str(_decimal(v))) for k, v in migs.items())}; "
+                asked = {k: str(_decimal(v)) for k, v in migs.items()}
+                raise UnsupportedDemand(f"{where}: asks for {asked}; "
                                         "gpuaas places one MIG instance per pod")
             return PodDemand(cpu, mem, gpus=1, gpu_milli=MILLI, mig_profile=next(iter(migs)),
                              allowed_models=allowed, name=name)
@@ -517,17 +523,17 @@ def _allowed_models(pod: Mapping[str, Any], where: str) -> frozenset[str]:
     return frozenset(allowed) if allowed else frozenset({"(no model satisfies the pod's constraints)"})
 
 
-def _catalog_names(products) -> set[str]:
+def _catalog_names(products: Iterable[str]) -> set[str]:
     """Catalog names for product labels; an unknown product stays as it is (no modelled node has it), cut to a label
     value's 63 characters (a longer one matches no node either; the demand cache keeps no megabyte of it)."""
-    out = set()
+    out: set[str] = set()
     for product in products:
         model = model_by_product(product) or _maybe_model(product)
         out.add(model.name if model else product if len(product) <= 63 else f"{product[:60]}...")
     return out
 
 
-def _maybe_model(name: str):
+def _maybe_model(name: str) -> GpuModel | None:
     try:
         return get_model(name)
     except KeyError:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scoring.gpus import GpuModel, MigLayoutError, get_model, layout_mask, resolve_mig_layout
 
@@ -80,6 +82,16 @@ class PodDemand:
         return self.gpus * self.gpu_milli
 
 
+class MigInstance(NamedTuple):
+    """One configured MIG instance of a GPU: its profile, where its memory slices start, how many it spans, and
+    whether a pod holds it."""
+
+    profile: str
+    start: int
+    size: int
+    allocated: bool
+
+
 class ClusterState:
     """Mutable, column-wise cluster state. Rows are nodes; GPU columns beyond a node's count are padding.
 
@@ -126,8 +138,8 @@ class ClusterState:
         self.mig_enabled = np.zeros((n, g), dtype=bool)
         self.mig_mask = np.zeros((n, g), dtype=np.uint8)
         self.mig_free = np.zeros((n, g, max(1, len(self.mig_profiles))), dtype=np.int64)
-        # Configured instances per GPU: list of (profile, start, size, allocated?) kept per (node, gpu).
-        self.mig_instances: dict[tuple[int, int], list[list]] = {}
+        # Configured instances per (node, gpu), in the layout's order.
+        self.mig_instances: dict[tuple[int, int], list[MigInstance]] = {}
         self.block = np.zeros((n, g), dtype=np.int64)
         self.pods_on: list[list[tuple[PodDemand, tuple[int, ...]]]] = [[] for _ in range(n)]
         self.version = 0  # bumped on every change, lets callers cache per-state work
@@ -155,7 +167,7 @@ class ClusterState:
 
     def gpu_idle_milli(self) -> np.ndarray:
         """Idle thousandths per node, counting free MIG compute slices on MIG GPUs."""
-        idle = self.gpu_left.sum(axis=1)
+        idle: np.ndarray = self.gpu_left.sum(axis=1)  # numpy's stubs type an axis reduction as Any
         if self.mig_enabled.any():
             idle = idle + self._mig_idle_milli().sum(axis=1)
         return idle
@@ -163,11 +175,12 @@ class ClusterState:
     def _mig_idle_milli(self) -> np.ndarray:
         out = np.zeros(self.gpu_left.shape, dtype=np.int64)
         for (i, gi), insts in self.mig_instances.items():
-            used = sum(self.models[self.model_idx[i]].mig_profiles[p].compute_slices for p, _, _, alloc in insts if alloc)
+            profiles = self.models[self.model_idx[i]].mig_profiles
+            used = sum(profiles[p].compute_slices for p, _, _, alloc in insts if alloc)
             out[i, gi] = (MILLI * (7 - used)) // 7
         return out
 
-    def model_allowed(self, pod: PodDemand) -> np.ndarray:
+    def model_allowed(self, pod: PodDemand) -> NDArray[np.bool_]:
         """bool[N]: node's GPU model is one the pod accepts (always True for pods without a model constraint)."""
         if not pod.allowed_models:
             return np.ones(len(self), dtype=bool)
@@ -196,7 +209,7 @@ class ClusterState:
         else:
             self.mig_enabled[node, gpu] = True
             self.gpu_left[node, gpu] = 0
-            self.mig_instances[(node, gpu)] = [[p.profile, p.start, p.size, False] for p in placements]
+            self.mig_instances[(node, gpu)] = [MigInstance(p.profile, p.start, p.size, False) for p in placements]
             for p in placements:
                 self.mig_free[node, gpu, self.mig_pos[p.profile]] += 1
         self.version += 1
@@ -208,10 +221,10 @@ class ClusterState:
         if pod.mig_profile:
             (gi,) = gpus
             insts = self.mig_instances[(node, gi)]
-            for inst in insts:
-                if inst[0] == pod.mig_profile and not inst[3]:
-                    inst[3] = True
-                    self.mig_mask[node, gi] |= ((1 << inst[2]) - 1) << inst[1]
+            for k, inst in enumerate(insts):
+                if inst.profile == pod.mig_profile and not inst.allocated:
+                    insts[k] = inst._replace(allocated=True)
+                    self.mig_mask[node, gi] |= ((1 << inst.size) - 1) << inst.start
                     self.mig_free[node, gi, self.mig_pos[pod.mig_profile]] -= 1
                     break
             else:
@@ -232,10 +245,11 @@ class ClusterState:
         self.mem_left[node] += pod.memory_mib
         if pod.mig_profile:
             (gi,) = gpus
-            for inst in self.mig_instances[(node, gi)]:
-                if inst[0] == pod.mig_profile and inst[3]:
-                    inst[3] = False
-                    self.mig_mask[node, gi] &= ~np.uint8((((1 << inst[2]) - 1) << inst[1]) & 0xFF)
+            insts = self.mig_instances[(node, gi)]
+            for k, inst in enumerate(insts):
+                if inst.profile == pod.mig_profile and inst.allocated:
+                    insts[k] = inst._replace(allocated=False)
+                    self.mig_mask[node, gi] &= ~np.uint8((((1 << inst.size) - 1) << inst.start) & 0xFF)
                     self.mig_free[node, gi, self.mig_pos[pod.mig_profile]] += 1
                     break
         else:
@@ -245,14 +259,14 @@ class ClusterState:
         self.pods_on[node].remove(entry)
         self.version += 1
 
-    def copy(self) -> "ClusterState":
+    def copy(self) -> ClusterState:
         """An independent snapshot (what-if simulation forks the state, then throws it away)."""
         other = object.__new__(ClusterState)
         for k, v in self.__dict__.items():
             if isinstance(v, np.ndarray):
                 setattr(other, k, v.copy())
-            elif k == "mig_instances":
-                setattr(other, k, {key: [list(x) for x in insts] for key, insts in v.items()})
+            elif k == "mig_instances":  # the instances are immutable: new lists of the same ones
+                setattr(other, k, {key: list(insts) for key, insts in v.items()})
             elif k == "pods_on":
                 setattr(other, k, [list(x) for x in v])
             else:

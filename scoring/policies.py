@@ -18,6 +18,7 @@ from itertools import combinations
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.model import MILLI, ClusterState, PodDemand
@@ -30,7 +31,7 @@ MAX_SPEC_CPU = 128_000  # FGD simulator's normalisers (open-gpu-share/utils/cons
 MAX_SPEC_GPU = 8_000
 
 
-# -- Score helpers ------------------------------------------------------------------------------------------------------
+# -- Score helpers -----------------------------------------------------------------------------------------------------
 
 def normalize(scores: np.ndarray, mask: np.ndarray, top: int = MAX_EXTENDER_PRIORITY) -> np.ndarray:
     """Min-max rescale the feasible entries onto 0..top (integers); infeasible entries get 0."""
@@ -66,7 +67,7 @@ def first_free_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
     return tuple(int(g) for g in free[:k])
 
 
-def sigmoid(x):
+def sigmoid(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return 1.0 / (1.0 + np.exp(-x))
 
 
@@ -121,21 +122,21 @@ def mig_gpu_first_fit(state: ClusterState, pod: PodDemand, node: int, taken: Map
     return int(free[0])
 
 
-# -- Baselines ----------------------------------------------------------------------------------------------------------
+# -- Baselines ---------------------------------------------------------------------------------------------------------
 
 class RandomPolicy(_Base):
     """Any feasible node, uniformly; for a GPU share, any GPU with room, uniformly (FGD's 01-Random, gpusel=random)."""
 
     name = "random"
 
-    def score(self, state, pod, mask):
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         out = np.zeros(len(state))
         idx = np.flatnonzero(mask)
         if idx.size:
             out[idx[self.rng.integers(idx.size)]] = MAX_NODE_SCORE  # RandomScore's PreScore pick
         return out
 
-    def share_gpu(self, state, pod, node):
+    def share_gpu(self, state: ClusterState, pod: PodDemand, node: int) -> int:
         return int(self.rng.choice(np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)))
 
 
@@ -144,12 +145,12 @@ class LeastAllocatedPolicy(_Base):
 
     name = "least-allocated"
 
-    def score(self, state, pod, mask):
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         return (least_allocated(state.cpu_left - pod.cpu_milli, state.cpu_cap)
                 + least_allocated(state.mem_left - pod.memory_mib, state.mem_cap)) // 2
 
 
-def least_allocated(free_after: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+def least_allocated(free_after: np.ndarray, capacity: np.ndarray) -> NDArray[np.int64]:
     """(capacity - requested) * 100 / capacity per node, 0 where capacity is 0 or the request exceeds it."""
     with np.errstate(divide="ignore", invalid="ignore"):
         s = np.where((capacity > 0) & (free_after >= 0), free_after * MAX_NODE_SCORE // np.maximum(capacity, 1), 0)
@@ -162,7 +163,7 @@ class BestFitPolicy(_Base):
 
     name = "bestfit"
 
-    def score(self, state, pod, mask):
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         cpu_free = (state.cpu_left - pod.cpu_milli) / MAX_SPEC_CPU
         gpu_free = (state.gpu_left.sum(axis=1) - pod.total_gpu_milli) / MAX_SPEC_GPU
         raw = np.trunc((1.0 - (0.5 * cpu_free + 0.5 * gpu_free)) * MAX_NODE_SCORE).astype(np.int64)
@@ -182,23 +183,24 @@ class FgdPolicy(_Base):
 
     name = "fgd"
 
-    def __init__(self, state, workload=None, rng=None):
+    def __init__(self, state: ClusterState, workload: Workload | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         super().__init__(state, workload, rng)
         if workload is None:
             raise ValueError("FGD needs a workload (typical pods)")
         self.index = FragmentationIndex(state, workload)
 
-    def observe(self, node):
+    def observe(self, node: int) -> None:
         self.index.refresh([node])
 
-    def _int_score(self, delta):
+    def _int_score(self, delta: np.ndarray) -> NDArray[np.float64]:
         return np.trunc(sigmoid(delta / 1000.0) * MAX_NODE_SCORE)
 
     def _adjust(self, state: ClusterState, pod: PodDemand, rows: np.ndarray) -> np.ndarray | float:
         """Extra fragmentation decrease per node in `rows` (thousandths), added before banding. FGD: none."""
         return 0.0
 
-    def score(self, state, pod, mask):
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         out = np.zeros(len(state))
         rows = np.flatnonzero(mask)
         if rows.size == 0:
@@ -217,7 +219,7 @@ class FgdPolicy(_Base):
             out[rows] = self._int_score(fx.frag[rows] - fx.frag_after_whole(rows, pod) + adjust[rows])
         return out
 
-    def share_gpu(self, state, pod, node):
+    def share_gpu(self, state: ClusterState, pod: PodDemand, node: int) -> int:
         fx = self.index
         gpus = np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)
         rows = np.full(gpus.size, node)
@@ -260,10 +262,10 @@ class FirstFitPolicy(_Base):
 
     name = "first-fit"
 
-    def score(self, state, pod, mask):
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         return -np.arange(len(state), dtype=float)
 
-    def share_gpu(self, state, pod, node):
+    def share_gpu(self, state: ClusterState, pod: PodDemand, node: int) -> int:
         return int(np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)[0])
 
 
@@ -300,7 +302,8 @@ class GpuaasPolicy(FgdPolicy):
 
     SCARCITY_EXPONENT = 0.5
 
-    def __init__(self, state, workload=None, rng=None):
+    def __init__(self, state: ClusterState, workload: Workload | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         if workload is None:
             raise ValueError("gpuaas needs a workload (typical pods)")
         super().__init__(state, scarcity_weighted(state, workload, self.SCARCITY_EXPONENT), rng)
@@ -315,7 +318,8 @@ class GpuaasPolicy(FgdPolicy):
         self.cpu_per_gpu_milli = float((w.popularity[g] * cpu[g]).sum() / (w.popularity[g] * gpu[g]).sum()) \
             if g.any() else 0.0
 
-    def stranded(self, idle: np.ndarray, cpu_left: np.ndarray, mem_left: np.ndarray | None = None) -> np.ndarray:
+    def stranded(self, idle: np.ndarray, cpu_left: np.ndarray,
+                 mem_left: np.ndarray | None = None) -> NDArray[np.float64]:
         """Idle GPU share (thousandths) the node's CPU cannot feed at the workload's CPU-per-GPU rate, plus the share
         its memory cannot feed at the memory rate: the multi-pod look-ahead FGD lacks (FGD checks CPU for one pod of
         each shape, not for the GPUs left, and never looks at memory)."""
@@ -325,14 +329,14 @@ class GpuaasPolicy(FgdPolicy):
                 out += unfed(idle, rate, left)
         return out
 
-    def _adjust(self, state, pod, rows):
+    def _adjust(self, state: ClusterState, pod: PodDemand, rows: np.ndarray) -> np.ndarray:
         idle = self.index.idle[rows].astype(float)
         cpu = state.cpu_left[rows].astype(float)
         mem = state.mem_left[rows].astype(float)
         return (self.stranded(idle, cpu, mem)
                 - self.stranded(idle - pod.total_gpu_milli, cpu - pod.cpu_milli, mem - pod.memory_mib))
 
-    def score(self, state, pod, mask):
+    def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         if pod.mig_profile:
             return self._mig_score(state, pod, mask)
         if pod.is_share:
@@ -346,7 +350,7 @@ class GpuaasPolicy(FgdPolicy):
         s[rows] += self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
         return s
 
-    def _share_score(self, state, pod, mask):
+    def _share_score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         """Per node, the best GPU's int(100 * sigmoid((stranded decrease - REGRET_WEIGHT x regret) / 1000))."""
         out = np.zeros(len(state))
         rows = np.flatnonzero(mask)
@@ -362,7 +366,7 @@ class GpuaasPolicy(FgdPolicy):
         out[rows] = best[rows]
         return out
 
-    def _mig_score(self, state, pod, mask):
+    def _mig_score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         """MIG requests: nodes already in use, then instances on GPUs that already serve others (idle GPUs stay free
         to repartition), then the CPU look-ahead over free MIG compute slices (slices the node's CPU can no longer
         feed are stranded)."""
@@ -386,17 +390,20 @@ class GpuaasPolicy(FgdPolicy):
         out[rows] = 2.0 * node_used + 1.0 * on_partial + 0.1 * np.round(relief, 3)
         return out
 
-    def devices(self, state, pod, node):
+    def devices(self, state: ClusterState, pod: PodDemand, node: int) -> tuple[int, ...]:
         if pod.mig_profile:
             col = state.mig_pos[pod.mig_profile]
             gpus = np.flatnonzero(state.mig_free[node, :, col] > 0)
             used_slices = np.array([bin(int(m)).count("1") for m in state.mig_mask[node, gpus]])
             return (int(gpus[np.lexsort((gpus, -used_slices))[0]]),)
         if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
-            return topology_gpus(state, node, pod.gpus)
+            chosen = topology_gpus(state, node, pod.gpus)
+            if chosen is None:  # only on a node the pod does not fit (a pod bound there past gpuaas)
+                raise ValueError(f"{state.names[node]} has fewer than {pod.gpus} free GPUs")
+            return chosen
         return super().devices(state, pod, node)
 
-    def share_gpu(self, state, pod, node):
+    def share_gpu(self, state: ClusterState, pod: PodDemand, node: int) -> int:
         fx = self.index
         gpus = np.flatnonzero(state.gpu_left[node] >= pod.gpu_milli)
         rows = np.full(gpus.size, node)
@@ -406,7 +413,7 @@ class GpuaasPolicy(FgdPolicy):
         return int(gpus[np.lexsort((gpus, left, -value))[0]])
 
 
-def unfed(idle: np.ndarray, rate: float, left: np.ndarray) -> np.ndarray:
+def unfed(idle: NDArray[np.float64], rate: float, left: NDArray[np.float64]) -> NDArray[np.float64]:
     """How much of `idle` a node cannot feed when each unit needs `rate` of a resource it has `left` of (rate > 0)."""
     return np.minimum(idle, np.maximum(0.0, idle * rate - left) / rate)
 
@@ -467,5 +474,5 @@ POLICIES[GpuaasPolicy.name] = GpuaasPolicy
 POLICIES[FirstFitPolicy.name] = FirstFitPolicy
 
 
-# -- extender-facing helpers ---------------------------------------------------------------------------------------------
+# -- extender-facing helpers -------------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ Results are exact and equal to the axis=1 reductions; other shapes fall back to 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 _BYTE_SUM = np.uint64(0x0101010101010101)  # x * this: byte 7 holds the sum of x's bytes (each 0 or 1 here)
 _TOP_BYTE = np.uint64(56)
@@ -20,23 +21,28 @@ def _words(mask: np.ndarray) -> np.ndarray | None:
     return mask.view(np.uint64)
 
 
-def count_per_row(mask: np.ndarray) -> np.ndarray:
+def count_per_row(mask: np.ndarray) -> NDArray[np.int64]:
     """int64[N]: how many entries of each row of bool[N, G] are True."""
     words = _words(mask)
     if words is None:
-        return mask.sum(axis=1)
+        counted: NDArray[np.int64] = mask.sum(axis=1)  # numpy's stubs type an axis reduction as Any
+        return counted
     counts = (words * _BYTE_SUM) >> _TOP_BYTE
     return (counts[:, 0] if counts.shape[1] == 1 else counts.sum(axis=1)).astype(np.int64)
 
 
-def any_per_row(mask: np.ndarray) -> np.ndarray:
+def any_per_row(mask: np.ndarray) -> NDArray[np.bool_]:
     """bool[N]: whether each row of bool[N, G] has a True entry."""
     words = _words(mask)
+    out: NDArray[np.bool_]  # numpy's stubs type these as Any (and ndarray.any(axis=1) as a scalar or an array)
     if words is None:
-        return mask.any(axis=1)
-    return words[:, 0] != 0 if words.shape[1] == 1 else (words != 0).any(axis=1)
+        out = np.any(mask, axis=1)
+    else:
+        out = words[:, 0] != 0 if words.shape[1] == 1 else np.any(words != 0, axis=1)
+    return out
 
 
 def sum_per_row(values: np.ndarray) -> np.ndarray:
     """Row sums of an [N, G] integer or float array (einsum's loop beats reduce's on a short last axis)."""
-    return np.einsum("ij->i", values)
+    sums: np.ndarray = np.einsum("ij->i", values)  # numpy's stubs type einsum as Any
+    return sums

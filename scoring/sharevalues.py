@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from ortools.linear_solver import pywraplp
 
 from scoring.fragmentation import Workload
@@ -49,7 +50,7 @@ def knapsack(sizes: np.ndarray, values: np.ndarray, limits: np.ndarray, capacity
     work per size and count). Returns the table and, per size, how many were taken at each capacity (for the path)."""
     best = np.zeros(capacity + 1)
     takes = []
-    for s, v, lim in zip(sizes, values, limits):
+    for s, v, lim in zip(sizes, values, limits, strict=True):
         prev = best.copy()
         take = np.zeros(capacity + 1, dtype=np.int64)
         for k in range(1, int(min(lim, capacity // s)) + 1):
@@ -62,7 +63,7 @@ def knapsack(sizes: np.ndarray, values: np.ndarray, limits: np.ndarray, capacity
     return best, takes
 
 
-def _best_pattern(sizes, values, limits) -> tuple[float, dict[int, int]]:
+def _best_pattern(sizes: np.ndarray, values: np.ndarray, limits: np.ndarray) -> tuple[float, dict[int, int]]:
     best, takes = knapsack(sizes, values, limits)
     c = int(np.argmax(best))
     pattern = {}
@@ -97,7 +98,7 @@ def cutting_stock(lower: Mapping[int, float], upper: Mapping[int, float] | None 
         if (hi < lo).any():
             raise ValueError("an upper count is below its lower count")
     limits = np.minimum(hi, MILLI // size_arr).astype(np.int64)
-    patterns: list[dict[int, int]] = [{s: int(k)} for s, k in zip(sizes, limits) if k > 0]
+    patterns: list[dict[int, int]] = [{s: int(k)} for s, k in zip(sizes, limits, strict=True) if k > 0]
     converged = False
     for _ in range(MAX_ROUNDS):
         solver = pywraplp.Solver.CreateSolver("GLOP")
@@ -127,13 +128,13 @@ def cutting_stock(lower: Mapping[int, float], upper: Mapping[int, float] | None 
     if upper is None:
         waste = MILLI * waste - float((size_arr * lo).sum())
     used = [(p, x[j].solution_value()) for j, p in enumerate(patterns) if x[j].solution_value() > 1e-7]
-    return CuttingStock(waste, used, {s: float(v) for s, v in zip(sizes, values)}, True)
+    return CuttingStock(waste, used, {s: float(v) for s, v in zip(sizes, values, strict=True)}, True)
 
 
 def share_mix(workload: Workload) -> dict[int, float]:
     """Popularity of each GPU-share size (single GPU, below 1000) among the workload's shapes."""
     mix: dict[int, float] = {}
-    for shape, p in zip(workload.shapes, workload.popularity):
+    for shape, p in zip(workload.shapes, workload.popularity, strict=True):
         if shape.gpus == 1 and 0 < shape.gpu_milli < MILLI:
             mix[shape.gpu_milli] = mix.get(shape.gpu_milli, 0.0) + float(p)
     return mix
@@ -157,14 +158,16 @@ class ShareValues:
         self.value_of[sizes] = z
 
     @staticmethod
-    def of(workload: Workload) -> "ShareValues":
+    def of(workload: Workload) -> ShareValues:
         mix = share_mix(workload)
         return ShareValues(cutting_stock({s: p * MIX_SCALE for s, p in mix.items()}).values)
 
-    def regret(self, free, share: int) -> np.ndarray:
+    def regret(self, free: ArrayLike, share: int) -> np.ndarray:
         """Thousandths of GPU lost against an optimal pattern by taking `share` from GPUs with `free` left."""
         free = np.asarray(free, dtype=np.int64)
         if (free < share).any():
             raise ValueError(f"a share of {share} does not fit a GPU with {int(free.min())} free")
         # Rounded: LP values carry float noise (1e-13), and a regret of exactly 0 must score exactly as 0 does.
-        return np.round(self.fill[free] - self.fill[free - share] - self.value_of[share], 6)
+        # (Annotated: numpy's stubs type the rounded difference as Any.)
+        regret: np.ndarray = np.round(self.fill[free] - self.fill[free - share] - self.value_of[share], 6)
+        return regret

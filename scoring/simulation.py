@@ -113,8 +113,10 @@ def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str,
         tie_rank = np.empty_like(by)
         tie_rank[by] = np.arange(by.size)
     # The metric's fragmentation uses FGD's typical pods whatever the policy, so curves compare.
-    metric = getattr(chooser, "index", None)
-    if not isinstance(metric, FragmentationIndex) or metric.workload is not typical or metric.cpu_aware:
+    index = getattr(chooser, "index", None)
+    if isinstance(index, FragmentationIndex) and index.workload is typical and not index.cpu_aware:
+        metric = index
+    else:
         metric = FragmentationIndex(state, typical)
     n = len(pods)
     arrived = np.zeros(n, dtype=np.int64)

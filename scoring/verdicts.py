@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,8 @@ def _names_at(names: list[str], positions: np.ndarray) -> tuple[str, ...]:
         return ()
     if len(positions) == 1:
         return (names[int(positions[0])],)
-    return itemgetter(*positions.tolist())(names)
+    picked: tuple[str, ...] = itemgetter(*positions.tolist())(names)  # (typeshed types a many-item getter as Any)
+    return picked
 
 
 @dataclass
@@ -81,7 +83,7 @@ class Priorities:
     row_names: list[str]  # the model's node name per row (ClusterState.names)
 
     def pairs(self) -> list[tuple[str, int]]:
-        return list(zip(self.names, self.scores.tolist()))
+        return list(zip(self.names, self.scores.tolist(), strict=True))
 
 
 def prioritize(state: ClusterState, policy: Policy, pod: PodDemand, names: list[str],
@@ -155,13 +157,13 @@ def devices_free(state: ClusterState, node: int, pod: PodDemand, devices: tuple[
 
 
 def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
-            candidates: list[str] | None = None) -> dict:
+            candidates: list[str] | None = None) -> dict[str, Any]:
     """Why `node` was rejected, or how it scored against the other candidates (all nodes when not given)."""
     names = candidates if candidates is not None else list(state.names)
     if node not in names:
         names = names + [node]
     verdict = filter_nodes(state, pod, names)
-    out: dict = {"node": node, "pod": pod.name}
+    out: dict[str, Any] = {"node": node, "pod": pod.name}  # a JSON object (the extender's /explain answer)
     if node in verdict.unresolvable:
         out.update(fits=False, resolvable=False, reason=verdict.unresolvable[node])
     elif node in verdict.failed:

@@ -45,6 +45,16 @@ def test_finished_pods_give_their_gpus_back():
     assert free_gpus(view, "a100-0000") == 8
 
 
+def test_a_pod_bound_past_gpuaas_where_its_gpus_are_not_free_is_counted_not_placed():
+    # Bound by someone else (no gpuaas.io/devices) to a node whose model has 2 whole GPUs left: the policy has no 4
+    # GPUs to give it, so the view counts it as unreadable and keeps the node as it was.
+    view = view_with_nodes()
+    view.on_change("Pod", None, bound(pending("big", gpus=6), "a100-0001", "0,1,2,3,4,5"))
+    view.on_change("Pod", None, bound(pending("past", gpus=4), "a100-0001"))
+    assert free_gpus(view, "a100-0001") == 2  # (the model is built here, and the pods placed)
+    assert view.parse_errors == 1 and "ml/past" not in view.placements and "ml/big" in view.placements
+
+
 def test_node_heartbeats_do_not_rebuild_the_model():
     view = view_with_nodes()
     view.snapshot()
