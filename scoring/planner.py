@@ -13,13 +13,14 @@ and reports `status` ("optimal", "feasible", "greedy", "infeasible") and the opt
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from scoring.fit import feasible
+from scoring.fragmentation import Workload
 from scoring.gpus import GpuModel, get_model, resolve_mig_layout
 from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand, default_blocks
 from scoring.placement import Placer
@@ -48,7 +49,7 @@ class PlanResult:
         return self.status in ("optimal", "feasible", "greedy")
 
 
-def _status(solver: cp_model.CpSolver, code) -> str:
+def _status(solver: cp_model.CpSolver, code: cp_model.CpSolverStatus) -> str:
     return {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible"}.get(code, "infeasible")
 
 
@@ -63,7 +64,7 @@ def _solver(time_limit: float, seed: int = 0) -> cp_model.CpSolver:
     return solver
 
 
-# -- bins: existing nodes or new-node templates, as free capacity -------------------------------------------------------
+# -- bins: existing nodes or new-node templates, as free capacity ------------------------------------------------------
 
 @dataclass
 class _Bin:
@@ -78,7 +79,9 @@ class _Bin:
     cost: float = 0.0
 
 
-def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_place: bool):
+def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_place: bool
+                      ) -> tuple[cp_model.CpModel, dict[tuple[int, int], cp_model.IntVar],
+                                 dict[tuple[int, int, int], cp_model.IntVar]]:
     """CP-SAT variables shared by the planners: x[p][b] pod on bin, a[p][b][g] pod uses GPU g of bin b."""
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
@@ -96,33 +99,33 @@ def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_p
                 ok_gpus = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
                 if len(ok_gpus) < pod.gpus:
                     continue
-            v = m.NewBoolVar(f"x{p}_{b}")
+            v = m.new_bool_var(f"x{p}_{b}")
             x[p, b] = v
             if pod.gpus and not pod.mig_profile:
                 gs = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
                 for g in gs:
-                    a[p, b, g] = m.NewBoolVar(f"a{p}_{b}_{g}")
-                m.Add(sum(a[p, b, g] for g in gs) == pod.gpus * v)
+                    a[p, b, g] = m.new_bool_var(f"a{p}_{b}_{g}")
+                m.add(sum(a[p, b, g] for g in gs) == pod.gpus * v)
     for p in range(len(pods)):
         choices = [x[p, b] for b in range(len(bins)) if (p, b) in x]
         if must_place:
-            m.Add(sum(choices) == 1) if choices else m.AddBoolOr([])  # empty OR = infeasible
+            m.add(sum(choices) == 1) if choices else m.add_bool_or([])  # empty OR = infeasible
         else:
-            m.Add(sum(choices) <= 1)
+            m.add(sum(choices) <= 1)
     for b, bn in enumerate(bins):
         on = [(p, x[p, b]) for p in range(len(pods)) if (p, b) in x]
         if not on:
             continue
-        m.Add(sum(pods[p].cpu_milli * v for p, v in on) <= bn.cpu)
-        m.Add(sum(pods[p].memory_mib * v for p, v in on) <= bn.mem)
+        m.add(sum(pods[p].cpu_milli * v for p, v in on) <= bn.cpu)
+        m.add(sum(pods[p].memory_mib * v for p, v in on) <= bn.mem)
         for g, left in enumerate(bn.gpu_left):
             users = [(p, a[p, b, g]) for p in range(len(pods)) if (p, b, g) in a]
             if users:
-                m.Add(sum(pods[p].gpu_milli * v for p, v in users) <= left)
+                m.add(sum(pods[p].gpu_milli * v for p, v in users) <= left)
         for profile, free in bn.mig_free.items():
-            users = [v for p, v in on if pods[p].mig_profile == profile]
-            if users:
-                m.Add(sum(users) <= free)
+            instances = [v for p, v in on if pods[p].mig_profile == profile]
+            if instances:
+                m.add(sum(instances) <= free)
     return m, x, a
 
 
@@ -138,14 +141,15 @@ def _bins_from_state(state: ClusterState, nodes: Sequence[int]) -> list[_Bin]:
     return out
 
 
-# -- gangs --------------------------------------------------------------------------------------------------------------
+# -- gangs -------------------------------------------------------------------------------------------------------------
 
 @dataclass
 class GangPlan(PlanResult):
     placements: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # per pod: (node, gpu indices)
 
 
-def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = "gpuaas", workload=None,
+def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = "gpuaas",
+               workload: Workload | None = None,
                time_limit: float = DEFAULT_TIME_LIMIT, max_nodes: int = MAX_CANDIDATE_NODES) -> GangPlan:
     """Place every pod of the gang or none. Objective: fewest nodes, then fewest NVLink/NUMA blocks spanned by
     multi-GPU pods, then the policy's preference (0..100 per pod and node)."""
@@ -172,9 +176,9 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
     nodes = sorted(cand)[: max_nodes * 2]
     bins = _bins_from_state(state, nodes)
     m, x, a = _assignment_model(pods, bins, must_place=True)
-    used = {b: m.NewBoolVar(f"used{b}") for b in range(len(bins))}
-    for (p, b), v in x.items():
-        m.AddImplication(v, used[b])
+    used = {b: m.new_bool_var(f"used{b}") for b in range(len(bins))}
+    for (_p, b), v in x.items():
+        m.add_implication(v, used[b])
     spans = []
     for p, pod in enumerate(pods):
         if pod.gpus < 2:
@@ -183,37 +187,37 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
             if (p, b) not in x:
                 continue
             for blk in set(bn.blocks):
-                use_blk = m.NewBoolVar(f"blk{p}_{b}_{blk}")
+                use_blk = m.new_bool_var(f"blk{p}_{b}_{blk}")
                 for g, gb in enumerate(bn.blocks):
                     if gb == blk and (p, b, g) in a:
-                        m.AddImplication(a[p, b, g], use_blk)
+                        m.add_implication(a[p, b, g], use_blk)
                 spans.append(use_blk)
     # Policy scores, scaled to 0..100 per pod (higher better) -> cost 100 - s.
     lo, hi = float(score[nodes].min()) if nodes else 0.0, float(score[nodes].max()) if nodes else 1.0
-    pref = {}
-    for (p, b), v in x.items():
-        s = score[bins[b].node]
-        pref[p, b] = int(round(100 * (s - lo) / (hi - lo))) if hi > lo else 100
-    m.Minimize(10_000 * sum(used.values()) + 100 * sum(spans) + sum((100 - pref[k]) * v for k, v in x.items()))
+    pref: dict[tuple[int, int], int] = {}
+    for p, b in x:
+        node_score = float(score[bins[b].node])
+        pref[p, b] = round(100 * (node_score - lo) / (hi - lo)) if hi > lo else 100
+    m.minimize(10_000 * sum(used.values()) + 100 * sum(spans) + sum((100 - pref[k]) * v for k, v in x.items()))
     if greedy:  # hint the solver with the greedy answer
-        for p, (n, gpus) in enumerate(greedy):
+        for p, (n, _gpus) in enumerate(greedy):
             b = nodes.index(n)
             for (pp, bb), v in x.items():
                 if pp == p:
-                    m.AddHint(v, bb == b)
+                    m.add_hint(v, bb == b)
     solver = _solver(time_limit)
-    code = solver.Solve(m)
+    code = solver.solve(m)
     status = _status(solver, code)
     if status != "infeasible":
-        placements = []
+        placements: list[tuple[int, tuple[int, ...]]] = []
         for p in range(len(pods)):
-            b = next(b for b in range(len(bins)) if (p, b) in x and solver.Value(x[p, b]))
-            gpus = tuple(g for g in range(len(bins[b].gpu_left)) if (p, b, g) in a and solver.Value(a[p, b, g]))
+            b = next(b for b in range(len(bins)) if (p, b) in x and solver.value(x[p, b]))
+            gpus = tuple(g for g in range(len(bins[b].gpu_left)) if (p, b, g) in a and solver.value(a[p, b, g]))
             if pods[p].mig_profile:
                 taken = Counter(g for n, gs in placements if n == bins[b].node for g in gs)
                 gpus = (mig_gpu_first_fit(state, pods[p], bins[b].node, taken),)
             placements.append((bins[b].node, gpus))
-        return GangPlan(status, solver.ObjectiveValue(), solver.BestObjectiveBound(), time.perf_counter() - t0,
+        return GangPlan(status, solver.objective_value, solver.best_objective_bound, time.perf_counter() - t0,
                         placements=placements)
     if greedy:
         return GangPlan("greedy", wall_seconds=time.perf_counter() - t0, placements=greedy,
@@ -222,7 +226,8 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
                     notes=["no all-or-nothing placement found (solver and greedy)"])
 
 
-def _greedy_gang(state, pods, policy, workload) -> list[tuple[int, tuple[int, ...]]] | None:
+def _greedy_gang(state: ClusterState, pods: Sequence[PodDemand], policy: str,
+                 workload: Workload | None) -> list[tuple[int, tuple[int, ...]]] | None:
     """One pod at a time with the policy on a copy, largest first; None if any pod does not fit."""
     fork = state.copy()
     placer = Placer(fork, make_policy(policy, fork, workload))
@@ -236,7 +241,7 @@ def _greedy_gang(state, pods, policy, workload) -> list[tuple[int, tuple[int, ..
     return [out[i] for i in range(len(pods))]
 
 
-# -- MIG repartitioning -------------------------------------------------------------------------------------------------
+# -- MIG repartitioning ------------------------------------------------------------------------------------------------
 
 @dataclass
 class MigPlan(PlanResult):
@@ -249,9 +254,9 @@ def _layout_options(model: GpuModel) -> list[dict[str, int]]:
     names = [p for p in model.mig_profiles if "+me" not in p]
     profs = [model.mig_profiles[p] for p in names]
     seen: set[tuple[int, ...]] = set()
-    out = []
+    out: list[dict[str, int]] = []
 
-    def rec(i, mask, counts):
+    def rec(i: int, mask: int, counts: list[int]) -> None:
         if i == len(profs):
             key = tuple(counts)
             if key not in seen and any(counts):
@@ -311,73 +316,77 @@ def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_l
             continue
         for g in range(int(state.gpu_count[n])):
             insts = state.mig_instances.get((n, g))
-            busy = (insts and any(i[3] for i in insts)) or (not state.mig_enabled[n, g] and state.gpu_left[n, g] < MILLI)
+            busy = ((insts and any(i.allocated for i in insts))
+                    or (not state.mig_enabled[n, g] and state.gpu_left[n, g] < MILLI))
             if not busy:
                 idle.append((n, g, model))
     # GPUs already in MIG mode first: converting a whole GPU costs a GPU reset and takes it from whole-GPU jobs.
     idle.sort(key=lambda ngm: not state.mig_enabled[ngm[0], ngm[1]])
     idle = idle[:max_gpus]
     if not need or not idle:
-        return MigPlan("optimal", 0.0, 0.0, time.perf_counter() - t0, served={p: demand[p] - need.get(p, 0) for p in demand},
+        return MigPlan("optimal", 0.0, 0.0, time.perf_counter() - t0,
+                       served={p: demand[p] - need.get(p, 0) for p in demand},
                        notes=[] if need else ["free instances already serve every request"])
     m = cp_model.CpModel()
     opts_by_model = {mod.name: _layout_options(mod) for _, _, mod in idle}
-    choose = {}
-    keep = {}
-    gain_terms: dict[str, list] = {p: [] for p in need}
+    choose: dict[tuple[int, int], tuple[cp_model.IntVar, dict[str, int]]] = {}
+    keep: dict[int, cp_model.IntVar] = {}
+    gain_terms: dict[str, list[tuple[int, cp_model.IntVar]]] = {p: [] for p in need}
     changes = []
     for i, (n, g, model) in enumerate(idle):
-        current = Counter(x[0] for x in state.mig_instances.get((n, g), []))
-        keep[i] = m.NewBoolVar(f"keep{i}")
-        opts = []
+        current = Counter(x.profile for x in state.mig_instances.get((n, g), []))
+        keep[i] = m.new_bool_var(f"keep{i}")
+        opts: list[cp_model.IntVar] = []
         for j, lay in enumerate(opts_by_model[model.name]):
             if not any(p in need for p in lay):
                 continue
-            v = m.NewBoolVar(f"c{i}_{j}")
+            v = m.new_bool_var(f"c{i}_{j}")
             choose[i, j] = (v, lay)
             opts.append(v)
             for p, cnt in lay.items():
                 if p in need:
                     # instances gained relative to the free ones the GPU has now
                     gain_terms[p].append((cnt - current.get(p, 0), v))
-        m.AddExactlyOne([keep[i], *opts])
+        m.add_exactly_one([keep[i], *opts])
         changes.append((1 if state.mig_enabled[n, g] else WHOLE_GPU_CONVERSION_COST) * sum(opts) if opts else 0)
-    served = {}
+    served: dict[str, cp_model.IntVar] = {}
     for p, n_need in need.items():
-        served[p] = m.NewIntVar(0, n_need, f"served_{p}")
-        m.Add(served[p] <= sum(c * v for c, v in gain_terms[p])) if gain_terms[p] else m.Add(served[p] == 0)
+        served[p] = m.new_int_var(0, n_need, f"served_{p}")
+        m.add(served[p] <= sum(c * v for c, v in gain_terms[p])) if gain_terms[p] else m.add(served[p] == 0)
     # Serve the most requests, weighted by size (compute slices), then change the fewest GPUs, whole GPUs last.
     weight = {p: next(mod.mig_profiles[p].compute_slices for _, _, mod in idle if p in mod.mig_profiles)
               if any(p in mod.mig_profiles for _, _, mod in idle) else 1 for p in need}
-    m.Maximize(1000 * sum(weight[p] * served[p] for p in need) - sum(changes))
+    m.maximize(1000 * sum(weight[p] * served[p] for p in need) - sum(changes))
     greedy = _greedy_mig(idle, opts_by_model, need, state)
     solver = _solver(time_limit)
-    code = solver.Solve(m)
+    code = solver.solve(m)
     status = _status(solver, code)
     if status == "infeasible":
-        layouts, got = greedy
-        return MigPlan("greedy", wall_seconds=time.perf_counter() - t0, layouts=layouts,
-                       served={p: got.get(p, 0) + (demand[p] - need.get(p, 0)) for p in demand},
+        greedy_layouts, greedy_got = greedy
+        return MigPlan("greedy", wall_seconds=time.perf_counter() - t0, layouts=greedy_layouts,
+                       served={p: greedy_got.get(p, 0) + (demand[p] - need.get(p, 0)) for p in demand},
                        notes=["CP-SAT found no solution in time; greedy layouts returned"])
     layouts = {}
-    for (i, j), (v, lay) in choose.items():
-        if solver.Value(v):
+    for (i, _j), (v, lay) in choose.items():
+        if solver.value(v):
             n, g, _ = idle[i]
             layouts[(n, g)] = dict(lay)
-    got = {p: solver.Value(served[p]) for p in need}
-    return MigPlan(status, solver.ObjectiveValue(), solver.BestObjectiveBound(), time.perf_counter() - t0,
+    got = {p: solver.value(served[p]) for p in need}
+    return MigPlan(status, solver.objective_value, solver.best_objective_bound, time.perf_counter() - t0,
                    layouts=layouts, served={p: got.get(p, 0) + (demand[p] - need.get(p, 0)) for p in demand})
 
 
-def _greedy_mig(idle, opts_by_model, need, state):
+def _greedy_mig(idle: Sequence[tuple[int, int, GpuModel]], opts_by_model: Mapping[str, list[dict[str, int]]],
+                need: Counter[str], state: ClusterState) -> tuple[dict[tuple[int, int], dict[str, int]], Counter[str]]:
     """Largest pending profile first: give each idle GPU the layout holding the most instances still needed."""
     left = Counter(need)
-    layouts = {}
-    got: Counter = Counter()
+    layouts: dict[tuple[int, int], dict[str, int]] = {}
+    got: Counter[str] = Counter()
     for n, g, model in idle:
         if not +left:
             break
-        best, best_gain = None, 0
+        best: dict[str, int] | None = None
+        best_gain = 0
         for lay in opts_by_model[model.name]:
             gain = sum(min(c, left[p]) * model.mig_profiles[p].compute_slices for p, c in lay.items() if p in left)
             if gain > best_gain:
@@ -397,7 +406,7 @@ def apply_mig_plan(state: ClusterState, plan: MigPlan) -> None:
         state.set_mig_layout(n, g, lay)
 
 
-# -- new nodes ----------------------------------------------------------------------------------------------------------
+# -- new nodes ---------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class NodeGroup:
@@ -442,27 +451,27 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
             specs.append(replace(t, name=f"{grp.name}-{len(specs)}"))
     # Pods no template can host at all are reported, not planned.
     empty = ClusterState(specs)
-    unplaceable = []
-    placeable = []
+    unplaceable: list[int] = []
+    placeable: list[int] = []
     for i, pod in enumerate(pending):
         (placeable if feasible(empty, pod).any() else unplaceable).append(i)
     pods = [pending[i] for i in placeable]
-    m, x, a = _assignment_model(pods, bins, must_place=True)
-    used = [m.NewBoolVar(f"u{b}") for b in range(len(bins))]
-    for (p, b), v in x.items():
-        m.AddImplication(v, used[b])
+    m, x, _a = _assignment_model(pods, bins, must_place=True)
+    used = [m.new_bool_var(f"u{b}") for b in range(len(bins))]
+    for (_p, b), v in x.items():
+        m.add_implication(v, used[b])
     # Symmetry: within a group, new node k+1 only if node k.
     for b in range(1, len(bins)):
         if bins[b].group == bins[b - 1].group:
-            m.AddImplication(used[b], used[b - 1])
+            m.add_implication(used[b], used[b - 1])
     scale = 100  # prices to integer cents
-    m.Minimize(sum(int(round(bins[b].cost * scale)) * used[b] for b in range(len(bins))))
+    m.minimize(sum(round(bins[b].cost * scale) * used[b] for b in range(len(bins))))
     greedy = _greedy_new_nodes(pods, bins, specs)
     if greedy is not None:
         for b, v in enumerate(used):
-            m.AddHint(v, b in greedy[1])
+            m.add_hint(v, b in greedy[1])
     solver = _solver(time_limit)
-    code = solver.Solve(m)
+    code = solver.solve(m)
     status = _status(solver, code)
     if status == "infeasible":
         if greedy is None:
@@ -471,17 +480,19 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
         assign, used_bins = greedy
         return _scale_plan("greedy", None, None, t0, bins, used_bins, assign, unplaceable,
                            ["CP-SAT found no solution in time; greedy first-fit returned"])
-    used_bins = {b for b in range(len(bins)) if solver.Value(used[b])}
-    assign = [next(b for b in range(len(bins)) if (p, b) in x and solver.Value(x[p, b])) for p in range(len(pods))]
-    return _scale_plan(status, solver.ObjectiveValue() / scale, solver.BestObjectiveBound() / scale, t0, bins,
+    used_bins = {b for b in range(len(bins)) if solver.value(used[b])}
+    assign = [next(b for b in range(len(bins)) if (p, b) in x and solver.value(x[p, b])) for p in range(len(pods))]
+    return _scale_plan(status, solver.objective_value / scale, solver.best_objective_bound / scale, t0, bins,
                        used_bins, assign, unplaceable)
 
 
-def _scale_plan(status, obj, bound, t0, bins, used_bins, assign, unplaceable, notes=()):
+def _scale_plan(status: str, obj: float | None, bound: float | None, t0: float, bins: Sequence[_Bin],
+                used_bins: set[int], assign: Sequence[int], unplaceable: list[int],
+                notes: Sequence[str] = ()) -> ScaleUpPlan:
     import time
 
     ordinal: dict[int, int] = {}
-    counts: Counter = Counter()
+    counts: Counter[str] = Counter()
     for b in sorted(used_bins):
         ordinal[b] = counts[bins[b].group]
         counts[bins[b].group] += 1
@@ -490,7 +501,8 @@ def _scale_plan(status, obj, bound, t0, bins, used_bins, assign, unplaceable, no
                        assignments=[(bins[b].group, ordinal[b]) for b in assign], unplaceable=unplaceable)
 
 
-def _greedy_new_nodes(pods: Sequence[PodDemand], bins: Sequence[_Bin], specs: Sequence[NodeSpec]):
+def _greedy_new_nodes(pods: Sequence[PodDemand], bins: Sequence[_Bin],
+                      specs: Sequence[NodeSpec]) -> tuple[list[int], set[int]] | None:
     """First-fit decreasing onto the new nodes in price order (within a group in ordinal order, which keeps the
     planner's symmetry rule): (bin per pod, bins used), or None when some pod fits none."""
     order = sorted(range(len(bins)), key=lambda b: (bins[b].cost, b))

@@ -121,7 +121,7 @@ def test_cheapest_nodes_reports_unplaceable_and_respects_models():
 class _NoTime:
     """A solver that runs out of time before finding anything (CP-SAT's UNKNOWN)."""
 
-    def Solve(self, model):
+    def solve(self, model):
         from ortools.sat.python import cp_model
         return cp_model.UNKNOWN
 
