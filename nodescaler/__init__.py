@@ -1,5 +1,5 @@
-"""The node scaler (`gpuaas nodescaler`): grow node groups for unschedulable GPU pods (repartitioning idle MIG GPUs first), drain and
-remove idle GPU nodes without breaking PodDisruptionBudgets, one leader at a time.
+"""The node scaler (`gpuaas nodescaler`): grow node groups for unschedulable GPU pods (repartitioning idle MIG GPUs
+first), drain and remove idle GPU nodes without breaking PodDisruptionBudgets, one leader at a time.
 
 - config.py     node groups (a runtime/pools.py pool as template), scale-out, scale-in, leader election
 - snapshot.py   Nodes, Pods, PDBs -> frozen records + the scoring model (pure)

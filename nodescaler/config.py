@@ -27,9 +27,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.pools import Pool, PoolSpecError, node_objects, parse_pool_spec
 from runtime.config import ConfigError, load_config
 from runtime.leader import LeaderElectionConfig as LeaseConfig
+from runtime.pools import Pool, PoolSpecError, node_objects, parse_pool_spec
 from scoring.kubeobjects import node_spec
 from scoring.model import NodeSpec
 from scoring.policies import known_policy
@@ -57,7 +57,7 @@ class NodeGroupConfig(_Strict):
     cost_per_hour: float = Field(gt=0, description="price of one node; scale-out buys the cheapest set of nodes")
 
     @model_validator(mode="after")
-    def _check(self) -> "NodeGroupConfig":
+    def _check(self) -> NodeGroupConfig:
         if self.min_size > self.max_size:
             raise ValueError(f"group {self.name}: min_size {self.min_size} is more than max_size {self.max_size}")
         for key in ("name", "count"):
@@ -71,7 +71,7 @@ class NodeGroupConfig(_Strict):
         return self
 
     @classmethod
-    def from_pool(cls, pool: Pool) -> "NodeGroupConfig":
+    def from_pool(cls, pool: Pool) -> NodeGroupConfig:
         """The node group a pool spec declares with `autoscale:` (runtime/pools.py)."""
         if pool.autoscale is None:
             raise ValueError(f"pool {pool.name} has no autoscale section: it is not a node group")
@@ -176,7 +176,7 @@ class NodeScalerConfig(_Strict):
                                      "and says which and why")
 
     @model_validator(mode="after")
-    def _unique(self) -> "NodeScalerConfig":
+    def _unique(self) -> NodeScalerConfig:
         names = [g.name for g in self.groups]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -192,5 +192,12 @@ def load_nodescaler_config(path: Path | str | None, *, environ: dict[str, str] |
     return load_config(NodeScalerConfig, path, env_prefix=ENV_PREFIX, environ=environ, overrides=overrides)
 
 
-__all__ = ["ConfigError", "NodeGroupConfig", "NodeScalerConfig", "ScaleInConfig", "ScaleOutConfig",
-           "LeaderElectionConfig", "load_nodescaler_config"]
+__all__ = [
+    "ConfigError",
+    "LeaderElectionConfig",
+    "NodeGroupConfig",
+    "NodeScalerConfig",
+    "ScaleInConfig",
+    "ScaleOutConfig",
+    "load_nodescaler_config",
+]

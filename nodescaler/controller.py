@@ -35,13 +35,22 @@ from typing import Any, Protocol
 from scoring.kubeobjects import MIG_CONFIG_LABEL, MIG_STATE_LABEL
 
 from .config import NodeScalerConfig
-from .drain import DeleteNode, DrainAction, Evict, Rollback, Wait, drain_step, eviction_body, rollback_patch, \
-    start_patch
+from .drain import (
+    DeleteNode,
+    DrainAction,
+    Evict,
+    Rollback,
+    Wait,
+    drain_step,
+    eviction_body,
+    rollback_patch,
+    start_patch,
+)
 from .metrics import Metrics
 from .provider import NodeNotFound, Provider, ProviderError
 from .scalein import Round, must_move, plan_scale_in, update_unneeded, update_unready
 from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
-from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, DrainRecord, ClusterSnapshot, in_service, pod_info
+from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, ClusterSnapshot, DrainRecord, in_service, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
 COMPONENT = "gpuaas-nodescaler"
@@ -97,7 +106,7 @@ def decide(snap: ClusterSnapshot, memory: Memory, config: NodeScalerConfig) -> R
                 d.seen_ready.append(n.name)
         elif now - n.created > group.max_provision_s and not in_service(n, snap.pods_on(n.name)):
             d.failed_nodes.append((n.name, n.group))
-    requested = []
+    requested: list[Upcoming] = []
     for u in memory.requested:
         if u.name in snap.nodes:
             continue  # registered: the snapshot tracks it from here
@@ -133,9 +142,9 @@ class KubeCluster:
     sent only while `may_act()` still holds."""
 
     def __init__(self, api, *, request_timeout: float | None = None, may_act: Callable[[], bool] = lambda: True):
-        from kubernetes import client
-
         from concurrent.futures import ThreadPoolExecutor
+
+        from kubernetes import client
 
         self.core = client.CoreV1Api(api)
         self.api = api
@@ -206,7 +215,7 @@ class KubeCluster:
         self._events.shutdown(wait=True)
 
     def _send_event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
-        ts = dt.datetime.now(dt.timezone.utc).isoformat()
+        ts = dt.datetime.now(dt.UTC).isoformat()
         ns = obj.get("namespace") or "default"
         if not self.may_act():
             return  # no write once this replica may not act (lease lost or shutting down)
@@ -414,7 +423,8 @@ class NodeScaler:
         for g in groups:
             _, failures = self.memory.backoff.get(g, (0.0, 0))
             failures += 1
-            delay = min(self.config.scale_out.backoff_initial_s * 2 ** (failures - 1), self.config.scale_out.backoff_max_s)
+            cfg = self.config.scale_out
+            delay = min(cfg.backoff_initial_s * 2 ** (failures - 1), cfg.backoff_max_s)
             self.memory.backoff[g] = (now + delay, failures)
             self.metrics.decisions.labels("provision_failed", g).inc()
             log.warning("group %s backs off for %.0fs: nodes did not become GPU-ready in time", g, delay)
@@ -427,9 +437,10 @@ class NodeScaler:
 
     # -- scale-out ---------------------------------------------------------------------------------------------------
     def _scale_out(self, snap: ClusterSnapshot, plan: ScaleOutPlan, report: Report) -> None:
-        since = {p.key: p.unschedulable_since for p in snap.pending}
+        since = {p.key: p.unschedulable_since for p in snap.pending if p.unschedulable_since}
         for g in plan.grows:
             group = self.config.group(g.group)
+            assert group is not None, "a plan grows only configured groups (made from this config)"
             self._check()
             t = self.wall()  # the request is made now; a provider may take a while to return (KWOK: N creates)
             try:
@@ -444,7 +455,7 @@ class NodeScaler:
             self.memory.requested += [Upcoming(n, g.group, deadline) for n in names]
             self.metrics.decisions.labels("scale_up", "done").inc()
             self.metrics.nodes_added.labels(g.group).inc(g.count)
-            oldest = min((since[k] for k in g.pods if since.get(k)), default=None)
+            oldest = min((since[k] for k in g.pods if k in since), default=None)
             if oldest is not None:
                 self.metrics.scale_up_latency.observe(max(0.0, t - oldest))
             log.info("scale-up: group %s +%d for %d pods (%.2f/h each)", g.group, g.count, len(g.pods),

@@ -9,8 +9,8 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.decisions = Counter("gpuaas_nodescaler_decisions_total",
                                  "Decisions, by kind (scale_up, mig_repartition, drain_start, evict, node_delete, "
-                                 "drain_rollback, provision_failed, wait_upcoming, not_triggered) and outcome", ["kind", "outcome"],
-                                 registry=r)
+                                 "drain_rollback, provision_failed, wait_upcoming, not_triggered) and outcome",
+                                 ["kind", "outcome"], registry=r)
         self.nodes_added = Counter("gpuaas_nodescaler_nodes_added_total", "Nodes asked for, by group", ["group"],
                                    registry=r)
         self.nodes_removed = Counter("gpuaas_nodescaler_nodes_removed_total", "Nodes deleted, by group and reason",

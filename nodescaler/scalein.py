@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scoring.model import MILLI, ClusterState
 from scoring.fit import feasible
+from scoring.model import MILLI, ClusterState
 
 from .config import NodeScalerConfig
 from .scaleout import block_rows, place_greedy, snapshot_rows, unavailable_rows
-from .snapshot import NodeInfo, PdbInfo, PodInfo, ClusterSnapshot, in_service
+from .snapshot import ClusterSnapshot, NodeInfo, PdbInfo, PodInfo, in_service
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def lift(state: ClusterState, row: int, keys: set[str]) -> None:
 
 
 def must_move(pods: Sequence[PodInfo]) -> list[PodInfo]:
-    """The pods that have to leave before the node may go: everything holding resources but DaemonSet and static pods."""
+    """The pods that have to leave before the node may go: all that hold resources but DaemonSet and static pods."""
     return [p for p in pods if p.holds and not p.daemon]
 
 
@@ -169,7 +169,7 @@ def candidates(r: Round) -> list[NodeInfo]:
             r.skipped[n.name] = f"group {n.group} is at min_size {group.min_size}"
             continue
         row = snap.state.index[n.name]
-        waiting = next((p for p in pending if feasible(snap.state, p.demand)[row]), None)
+        waiting = next((p for p in pending if feasible(snap.state, p.known_demand)[row]), None)
         if waiting is not None:
             r.skipped[n.name] = f"pending pod {waiting.key} fits on it"
             continue

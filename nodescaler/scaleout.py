@@ -29,7 +29,7 @@ from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
 from scoring.policies import make_policy, mig_gpu_first_fit
 
 from .config import NodeGroupConfig, NodeScalerConfig
-from .snapshot import NodeInfo, PodInfo, ClusterSnapshot, in_service
+from .snapshot import ClusterSnapshot, NodeInfo, PodInfo, in_service
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, work
         if rows is not None and pod.constraints not in allowed:
             allowed[pod.constraints] = np.fromiter((allows(pod.constraints, lab, tnt) for lab, tnt in rows),
                                                    dtype=bool, count=len(rows))
-        choice = placer.place(pod.demand, allowed[pod.constraints] if rows is not None else None)
+        choice = placer.place(pod.known_demand, allowed[pod.constraints] if rows is not None else None)
         if choice is None:
             left.append(pod)
         else:
@@ -114,7 +114,7 @@ def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, work
 
 def placement_order(pod: PodInfo) -> tuple:
     """The order the what-if places pending pods in: largest GPU demand first, then CPU, then the longest waiting."""
-    d = pod.demand
+    d = pod.known_demand
     return (-d.total_gpu_milli, -d.cpu_milli, pod.unschedulable_since or 0.0, pod.created, pod.key)
 
 
@@ -135,7 +135,8 @@ def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig,
     """Capacity on its way, with each node's (labels, taints): booting nodes of managed groups (as their template),
     nodes asked for and not yet seen, and nodes in the middle of a MIG repartition (as their new layout). A node in
     service that went unready is not on its way: nothing says it comes back, and pods must not wait for it."""
-    specs, rows = [], []
+    specs: list[NodeSpec] = []
+    rows: list[tuple[Mapping[str, str], tuple]] = []
     for n in snap.nodes.values():
         group = config.group(n.group)
         if n.drain is not None or n.unschedulable:
@@ -196,18 +197,18 @@ def _node_config(state: ClusterState, node: int, layouts: dict[int, dict[str, in
     return None
 
 
-def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[int], policy: str,
-             time_limit: float, workload=None, rows: Rows | None = None) -> tuple[list[SetMigConfig], list[PodInfo], list[str]]:
+def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[int], policy: str, time_limit: float,
+             workload=None, rows: Rows | None = None) -> tuple[list[SetMigConfig], list[PodInfo], list[str]]:
     """Repartition idle MIG nodes for pending MIG pods (changes `state`). Returns (commands, pods still left, notes)."""
-    mig_pods = [p for p in pods if p.demand.mig_profile]
+    mig_pods = [p for p in pods if p.known_demand.mig_profile]
     if not mig_pods or not candidates:
         return [], list(pods), []
-    plan = repartition_mig(state, [p.demand for p in mig_pods], nodes=candidates, time_limit=time_limit)
+    plan = repartition_mig(state, [p.known_demand for p in mig_pods], nodes=candidates, time_limit=time_limit)
     notes = [f"MIG repartition plan: {plan.status}"] + plan.notes
     by_node: dict[int, dict[int, dict[str, int]]] = {}
     for (n, g), lay in plan.layouts.items():
         by_node.setdefault(n, {})[g] = lay
-    need = Counter(p.demand.mig_profile for p in mig_pods)
+    need = Counter(p.known_demand.mig_profile for p in mig_pods)
     commands = []
     left = list(pods)
     for n, layouts in sorted(by_node.items()):
@@ -230,7 +231,7 @@ def plan_mig(state: ClusterState, pods: Sequence[PodInfo], candidates: Sequence[
         for g in range(int(state.gpu_count[n])):
             state.set_mig_layout(n, g, config)
         for pod, row in placed:
-            state.place(row, pod.demand, (mig_gpu_first_fit(state, pod.demand, row),))
+            state.place(row, pod.known_demand, (mig_gpu_first_fit(state, pod.known_demand, row),))
         commands.append(SetMigConfig(state.names[n], config, tuple(p.key for p, _ in placed)))
         left = rest
     return commands, left, notes
@@ -254,13 +255,13 @@ def lower_bound(template: NodeSpec, pods: Sequence[PodInfo]) -> int:
     def ceil_div(a: int, b: int) -> int:
         return -(-a // b) if b > 0 else (0 if a == 0 else 1 << 30)
 
-    return max(ceil_div(sum(p.demand.gpus for p in pods), template.gpus),
-               ceil_div(sum(p.demand.cpu_milli for p in pods), template.cpu_milli),
-               ceil_div(sum(p.demand.memory_mib for p in pods), template.memory_mib))
+    return max(ceil_div(sum(p.known_demand.gpus for p in pods), template.gpus),
+               ceil_div(sum(p.known_demand.cpu_milli for p in pods), template.cpu_milli),
+               ceil_div(sum(p.known_demand.memory_mib for p in pods), template.memory_mib))
 
 
 def _fits_alone(template: NodeSpec, pod: PodInfo) -> bool:
-    return bool(feasible(ClusterState([template]), pod.demand)[0])
+    return bool(feasible(ClusterState([template]), pod.known_demand)[0])
 
 
 def _dominates(a: NodeGroup, b: NodeGroup, pods: Sequence[PodInfo]) -> bool:
@@ -335,12 +336,12 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     for pod in left:
         ok = tuple(g.name for g in config.groups if allows(pod.constraints, *g.template_constraints()))
         by_groups.setdefault(ok, []).append(pod)
+    group = {g.name: g for g in config.groups}  # (the names are unique: NodeScalerConfig checks)
     grows: dict[str, list] = {}
     for names, pods in by_groups.items():
-        _plan_new_nodes(out, pods, [config.group(n) for n in names], room, grows)
+        _plan_new_nodes(out, pods, [group[n] for n in names], room, grows)
     for name, (count, keys) in sorted(grows.items()):
-        g = config.group(name)
-        out.grows.append(Grow(name, count, tuple(keys), g.cost_per_hour))
+        out.grows.append(Grow(name, count, tuple(keys), group[name].cost_per_hour))
     return out
 
 
@@ -354,20 +355,21 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
         if bound:
             groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
     groups = undominated(groups, left, room)
-    if len(groups) == 1 and all(p.demand.gpus and not p.demand.mig_profile and not p.demand.is_share for p in left):
-        g = groups[0]
-        fits = [p for p in left if _fits_alone(g.template, p)]
-        if len(fits) == len(left) and g.max_new == lower_bound(g.template, left):
+    if len(groups) == 1 and all(p.known_demand.gpus and not p.known_demand.mig_profile
+                                and not p.known_demand.is_share for p in left):
+        only = groups[0]
+        fits = [p for p in left if _fits_alone(only.template, p)]
+        if len(fits) == len(left) and only.max_new == lower_bound(only.template, left):
             # One group, and first-fit reaches the resource lower bound: that is the optimum, no solver needed.
-            t = g.template
+            t = only.template
             trial = ClusterState([NodeSpec(f"n{i}", t.cpu_milli, t.memory_mib, t.gpus, t.gpu_model, t.gpu_blocks)
-                                  for i in range(g.max_new)])
-            placed, rest = place_greedy(trial, left, "first-fit")
+                                  for i in range(only.max_new)])
+            _placed, rest = place_greedy(trial, left, "first-fit")
             if not rest:
                 out.planner_status = "optimal (first-fit meets the lower bound)"
-                room[g.name] -= g.max_new
-                entry = grows.setdefault(g.name, [0, []])
-                entry[0] += g.max_new
+                room[only.name] -= only.max_new
+                entry = grows.setdefault(only.name, [0, []])
+                entry[0] += only.max_new
                 entry[1] += [p.key for p in left]
                 return
     if not groups:
@@ -378,11 +380,11 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
         out.unplaceable.update({p.key: why for p in left})
         return
     time_limit = out.time_limit
-    plan = cheapest_nodes([p.demand for p in left], groups, time_limit=time_limit)
+    plan = cheapest_nodes([p.known_demand for p in left], groups, time_limit=time_limit)
     served = list(range(len(left)))
     while not plan.ok and len(served) > 1:  # max sizes too small for all of them: serve the largest prefix that fits
         served = served[: len(served) // 2]
-        plan = cheapest_nodes([left[i].demand for i in served], groups, time_limit=time_limit)
+        plan = cheapest_nodes([left[i].known_demand for i in served], groups, time_limit=time_limit)
     out.planner_status = plan.status
     out.notes += plan.notes
     if not plan.ok:

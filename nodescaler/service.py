@@ -16,10 +16,10 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from scoring.clusterview import ClusterView
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
 from runtime.leader import LeaderElector, write_timeout
+from scoring.clusterview import ClusterView
 
 from .config import NodeScalerConfig
 from .controller import KubeCluster, NodeScaler
@@ -86,11 +86,10 @@ class Service:
 
     def _apply_change(self, kind: str, old, new) -> None:
         self.view.on_change(kind, old, new)
-        if kind == "Pod":
-            if new is not None and not (new.get("spec") or {}).get("nodeName"):
-                info = pod_info(new)
-                if info.unschedulable and info.gpu and not (old and pod_info(old).unschedulable):
-                    self.trigger.set()
+        if kind == "Pod" and new is not None and not (new.get("spec") or {}).get("nodeName"):
+            info = pod_info(new)
+            if info.unschedulable and info.gpu and not (old and pod_info(old).unschedulable):
+                self.trigger.set()
 
     async def _loop(self, stop: asyncio.Event) -> None:
         nodes, pods, pdbs = self.informers
@@ -102,7 +101,7 @@ class Service:
                 await asyncio.wait_for(self.trigger.wait(), timeout=self.config.interval_s)
                 if not self._new_leader:
                     await asyncio.sleep(BATCH_S)  # let the rest of a burst arrive
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._new_leader = False
             self.trigger.clear()

@@ -1,11 +1,12 @@
 """What the node scaler decides on: Nodes, Pods and PodDisruptionBudgets (plain dicts, as the API returns them)
 read once into frozen records plus the scoring model of the GPU-ready nodes. Pure: no I/O, the time is passed in.
 
-The scoring model is built by `scoring.clusterview.ClusterView`, as in the extender (the one code path that turns Nodes and bound Pods into a
-`ClusterState`), so the node scaler's what-if sees the cluster exactly as the extender does.
+The scoring model is built by `scoring.clusterview.ClusterView`, as in the extender (the one code path that turns Nodes
+and bound Pods into a `ClusterState`), so the node scaler's what-if sees the cluster exactly as the extender does.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
@@ -15,8 +16,19 @@ from typing import Any
 from scoring.clusterview import ClusterView
 from scoring.constraints import Expr, NodeConstraints, Taint, matches, node_taints
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
-from scoring.kubeobjects import (COUNT_LABEL, GPU_RESOURCE, MIG_CONFIG_LABEL, MIG_STATE_LABEL, POOL_LABEL,
-                                 PRODUCT_LABEL, ObjectError, parse_quantity, pod_demand, pod_key, requests_gpu)
+from scoring.kubeobjects import (
+    COUNT_LABEL,
+    GPU_RESOURCE,
+    MIG_CONFIG_LABEL,
+    MIG_STATE_LABEL,
+    POOL_LABEL,
+    PRODUCT_LABEL,
+    ObjectError,
+    parse_quantity,
+    pod_demand,
+    pod_key,
+    requests_gpu,
+)
 from scoring.model import ClusterState, PodDemand
 
 Obj = dict[str, Any]
@@ -53,7 +65,7 @@ class DrainRecord:
                           separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, raw: str) -> "DrainRecord":
+    def from_json(cls, raw: str) -> DrainRecord:
         try:
             d = json.loads(raw)
             return cls(str(d["id"]), str(d["reason"]), float(d["started"]), float(d["deadline"]))
@@ -123,6 +135,14 @@ class PodInfo:
     def holds(self) -> bool:
         return bool(self.node) and self.phase not in ("Succeeded", "Failed")
 
+    @property
+    def known_demand(self) -> PodDemand:
+        """`demand` of a pod that could be read: the pods the what-ifs place are those (`ClusterSnapshot.pending`
+        and the pods a drain moves are filtered on it)."""
+        if self.demand is None:
+            raise ValueError(f"pod {self.key} could not be read: {self.problem}")
+        return self.demand
+
 
 def in_service(node: NodeInfo, pods: Iterable[PodInfo]) -> bool:
     """The node has been in service: gpuaas saw it GPU-ready (the annotation it writes then), or pods other than
@@ -169,10 +189,8 @@ def _allocatable_gpus(node: Obj) -> int:
     total = 0
     for k, v in alloc.items():
         if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX):
-            try:
+            with contextlib.suppress(ValueError):
                 total += int(str(v))
-            except ValueError:
-                pass
     return total
 
 
@@ -217,7 +235,8 @@ def pod_info(pod: Obj) -> PodInfo:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
             unsched, since = True, parse_time(c.get("lastTransitionTime"))
     owners = meta.get("ownerReferences") or ()
-    owner = next((o.get("kind", "") for o in owners if o.get("controller")), owners[0].get("kind", "") if owners else "")
+    owner = next((o.get("kind", "") for o in owners if o.get("controller")),
+                 owners[0].get("kind", "") if owners else "")
     if MIRROR_ANNOTATION in ann:
         owner = "Node"
     demand, problem, gpu = None, "", False
