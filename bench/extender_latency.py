@@ -23,6 +23,7 @@ import orjson
 from gpuaas.cluster.components import ComponentProcess
 from gpuaas.workloads import gpu_pod
 from runtime.pools import parse_pool_spec, spec_node_objects
+from scoring.kubeobjects import DEVICES_ANNOTATION
 
 
 def cluster(nodes: int, seed: int) -> tuple[list[dict], list[dict]]:
@@ -45,7 +46,7 @@ def cluster(nodes: int, seed: int) -> tuple[list[dict], list[dict]]:
             pod = gpu_pod(f"busy-{i}", "bench", gpus=k, cpu="4", memory="16Gi")
             pod["spec"]["nodeName"] = node["metadata"]["name"]
             pod["status"] = {"phase": "Running"}
-            pod["metadata"]["annotations"] = {"gpuaas.io/devices": ",".join(str(d) for d in range(k))}
+            pod["metadata"]["annotations"] = {DEVICES_ANNOTATION: ",".join(str(d) for d in range(k))}
             pods.append(pod)
     return node_objs, pods
 

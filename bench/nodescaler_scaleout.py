@@ -38,6 +38,7 @@ from gpuaas.cluster.migmanager import FakeNodeAgent
 from gpuaas.workloads import gpu_deployment
 from nodescaler.provider import REQUESTED_AT_ANNOTATION
 from runtime.pools import parse_pool_spec
+from scoring.kubeobjects import POOL_LABEL
 from tests.nodescaler.checks import failed_scheduling_times, fifo_latencies
 
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
@@ -103,7 +104,7 @@ def main() -> int:
         grows = sorted({float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in new})
         groups: dict[str, int] = {}
         for n in new:
-            g = n.metadata.labels["gpuaas.io/pool"]
+            g = n.metadata.labels[POOL_LABEL]
             groups[g] = groups.get(g, 0) + 1
         requested = [float(n.metadata.annotations[REQUESTED_AT_ANNOTATION]) for n in new]
         lat = fifo_latencies(list(unsched.values()), requested)

@@ -22,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scoring.constraints import DRAIN_TAINT
+
 from .config import ScaleInConfig
 from .scalein import eviction_blocker, must_move
-from .snapshot import DRAIN_ANNOTATION, DRAIN_TAINT, DrainRecord, NodeInfo, PdbInfo, PodInfo
+from .snapshot import DRAIN_ANNOTATION, DrainRecord, NodeInfo, PdbInfo, PodInfo
 
 
 @dataclass(frozen=True)

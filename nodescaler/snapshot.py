@@ -34,7 +34,6 @@ from scoring.model import ClusterState, PodDemand
 Obj = dict[str, Any]
 
 DRAIN_ANNOTATION = "gpuaas.io/drain"  # JSON DrainRecord: a drain in progress, so a restarted controller resumes it
-DRAIN_TAINT = "gpuaas.io/draining"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"

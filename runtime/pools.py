@@ -45,7 +45,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.alias_generators import to_camel
 
 from scoring import gpus
-from scoring.kubeobjects import POOL_LABEL, TOPOLOGY_ANNOTATION
+from scoring.kubeobjects import (
+    COUNT_LABEL,
+    GPU_RESOURCE,
+    MIG_CONFIG_LABEL,
+    MIG_STATE_LABEL,
+    POOL_LABEL,
+    PRODUCT_LABEL,
+    REPLICAS_LABEL,
+    TOPOLOGY_ANNOTATION,
+)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -272,16 +281,16 @@ def node_objects(pool: Pool) -> list[dict[str, Any]]:
         mig_gpus = g.mig_enabled_gpus
         labels.update({
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": model.product,
-            "nvidia.com/gpu.count": str(g.count),
+            PRODUCT_LABEL: model.product,
+            COUNT_LABEL: str(g.count),
             "nvidia.com/gpu.memory": str(g.memory_mib or model.memory_mib),
-            "nvidia.com/gpu.replicas": "1",
+            REPLICAS_LABEL: "1",
         })
         if model.mig_capable:
             labels.update({"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
-                           "nvidia.com/mig.config": g.mig_config_label(), "nvidia.com/mig.config.state": "success"})
+                           MIG_CONFIG_LABEL: g.mig_config_label(), MIG_STATE_LABEL: "success"})
         # Mixed strategy: whole GPUs as nvidia.com/gpu, each MIG instance as nvidia.com/mig-<profile>.
-        resources["nvidia.com/gpu"] = str(g.count - mig_gpus)
+        resources[GPU_RESOURCE] = str(g.count - mig_gpus)
         for profile, per_gpu in g.mig_counts().items():
             resource = model.mig_profile(profile).resource_name
             resources[resource] = str(per_gpu * mig_gpus)

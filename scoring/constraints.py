@@ -42,8 +42,9 @@ FIELD_PREFIX = "/"  # a matchFields key, among the labels: "/metadata.name"
 # Taints that say "not yet" or "going away", which the autoscaler judges itself (booting, cordoned, draining nodes are
 # no targets anyway, and a booting node is judged by its group's template): the pod's own taint tolerance is about
 # the node's lasting taints.
+DRAIN_TAINT = "gpuaas.io/draining"  # the node scaler's taint on a node it drains
 IGNORED_TAINTS = ("node.kubernetes.io/unschedulable", "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
-                  "node.cloudprovider.kubernetes.io/uninitialized", "gpuaas.io/draining")
+                  "node.cloudprovider.kubernetes.io/uninitialized", DRAIN_TAINT)
 
 
 def matches(match_labels: Mapping[str, str], expressions: Sequence[Expr], labels: Mapping[str, str]) -> bool:
