@@ -20,9 +20,17 @@ Printed for both sides (one JSON object): the GPU allocation ratio at the end an
 placed and failed by kind, GPUs left partly used (0 < used < 1000 milli; kubernetes: from each bound pod's
 gpuaas.io/devices annotation), and where the free GPU capacity is at the end (GPUs an unplaced GPU pod would fit but
 whose node is short of CPU or memory, fragments no unplaced pod fits, capacity an unplaced pod fits now).
+Also printed: the simulator with the deployment's departures from it put in one at a time and together
+(simulator_with_the_deployments_departures: where CPU-only pods go, the extender's learned workload and tie order),
+which says how many of the points kubernetes lost each accounts for.
+
+CPU-only pods: by default only GPU pods reach the extender (extender_entry's managedResources) and kube-scheduler
+alone places the others; --cpu-pods-entry adds the prioritize-only entry for them (the shipped deployment's);
+--all-pods sends every pod through every verb; --gpu-only leaves them out of the replay.
 Usage:
   python bench/extender_replay.py --nodes CSV --pods CSV [--mode sequential|burst] [--slice 100] [--tune 1.5]
-      [--seed 42] [--all-pods] [--gpu-only] [--quiet-s 30]
+      [--seed 42] [--all-pods | --cpu-pods-entry] [--gpu-only] [--quiet-s 30]
+      [--extender-option queue_planning_min_pods=0] [--dump FILE]
 """
 from __future__ import annotations
 
@@ -295,7 +303,7 @@ def simulator_variants(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], po
     run = {"policy": args.policy, "seed": args.seed, "tune": args.tune}
     factors: dict[str, dict[str, Any]] = {"none (must equal the simulator)": {}}
     together: dict[str, Any] = {}
-    if not args.all_pods:
+    if not args.all_pods and not getattr(args, "cpu_pods_entry", False):  # kube-scheduler alone places them
         factors["cpu_only_pods_at_random"] = {"cpu_random": True}
         if names is not None:
             factors["cpu_only_pods_first_fit_in_node_order"] = {"cpu_first_fit": first_fit_order(names)}
@@ -314,10 +322,12 @@ def simulator_variants(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], po
         # The extender saw every pod arrive before the scheduler started: its workload is the replayed pods'.
         factors["workload_of_the_replayed_pods"] = {"workload": Workload.typical(pods)}
         together["workload"] = Workload.typical(pods)
-        if bind_order is not None:  # bound pods in bind order, then the rest in creation order (their tries unknown)
+        if bind_order is not None:
+            # Bound pods in bind order, then the rest in creation order: when kubernetes tried the pods it did not
+            # bind is unknown, so this order favours the simulator (it meets kubernetes' winners first) and is left
+            # out of all_of_the_above.
             rest = sorted(set(creation) - set(bind_order))
-            factors["kubernetes_bind_order"] = {"order": [*bind_order, *rest]}
-            together["order"] = factors["kubernetes_bind_order"]["order"]
+            factors["kubernetes_bind_order_then_the_unbound"] = {"order": [*bind_order, *rest]}
     if len(together) > 1:
         factors["all_of_the_above"] = together
     out: dict[str, Any] = {}
@@ -490,6 +500,36 @@ def kubernetes_state(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
     return state, placements, dict(issues)
 
 
+def extender_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """KEY=VALUE settings of the extender (fields of extender.config.ExtenderConfig); values read as JSON when they
+    parse (numbers, true/false), as text otherwise."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--extender-option {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def code_version() -> dict[str, Any]:
+    """The commit the extender and the scheduler configuration ran from, and whether their files differed from it
+    (the work tree is shared: a run measures what was on disk when it started)."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    changed = git("status", "--porcelain", "--", "extender", "scoring", "runtime", "gpuaas/cluster")
+    return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": [ln[3:] for ln in changed.splitlines()]}
+
+
 def extender_decisions(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
         return {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
@@ -500,7 +540,7 @@ def extender_decisions(url: str) -> dict[str, float]:
 def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capacity: int) -> dict[str, Any]:
     from kubernetes import client
 
-    from extender.schedconfig import extender_entry, gpuaas_profile
+    from extender.schedconfig import extender_entries, gpuaas_profile
     from gpuaas.cluster.components import extender_process
     from gpuaas.cluster.local import LocalCluster
     from gpuaas.cluster.process import free_port
@@ -514,9 +554,15 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
         workdir = args.workdir or Path(tmp)
         port = free_port()
         cluster = LocalCluster(workdir, name="replay",
-                               extenders=[extender_entry(f"http://127.0.0.1:{port}", all_pods=args.all_pods)],
+                               extenders=extender_entries(f"http://127.0.0.1:{port}", all_pods=args.all_pods,
+                                                          cpu_pods=args.cpu_pods_entry),
                                scheduler_profiles=[gpuaas_profile("default-scheduler", all_pods=args.all_pods)])
-        ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port)
+        extra: list[str] = []
+        if args.extender_option:
+            config = Path(workdir) / "replay-extender.json"
+            config.write_text(json.dumps(extender_options(args.extender_option)))
+            extra = ["--config", str(config)]
+        ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port, extra=extra)
         watcher: PodWatch | None = None
         try:
             t = time.monotonic()
@@ -657,6 +703,12 @@ def main() -> None:
     parser.add_argument("--gpu-only", action="store_true", help="leave CPU-only pods out of the replay")
     parser.add_argument("--all-pods", action="store_true",
                         help="send CPU-only pods to the extender too (extender_entry(all_pods=True))")
+    parser.add_argument("--cpu-pods-entry", action="store_true",
+                        help="add the CPU-pods extender entry (extender.schedconfig.cpu_pods_entry: prioritize only, "
+                             "ignorable), as the shipped deployment does; without --all-pods only")
+    parser.add_argument("--extender-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extender setting (extender.config.ExtenderConfig), e.g. queue_planning_min_pods=0 "
+                             "(joint planning of the queue off); repeatable")
     parser.add_argument("--dump", type=Path, help="write the final Pod and Node objects and bind times here (JSON)")
     parser.add_argument("--workdir", type=Path, help="keep the cluster's logs here (default: a temporary folder)")
     args = parser.parse_args()
@@ -665,6 +717,7 @@ def main() -> None:
     from runtime.pools import pools_from_node_specs
 
     started = time.monotonic()
+    version = code_version()
     all_nodes = load_nodes(args.nodes)
     nodes = random.Random(args.seed).sample(all_nodes, args.slice)
     spec = pools_from_node_specs(nodes)
@@ -689,7 +742,10 @@ def main() -> None:
         "bench": "extender_replay",
         "inputs": {"mode": args.mode, "seed": args.seed, "slice_nodes": args.slice, "tune": args.tune,
                    "all_pods": args.all_pods, "gpu_only": args.gpu_only, "policy": args.policy,
-                   "quiet_s": args.quiet_s, "devices_annotation": DEVICES_ANNOTATION},
+                   "quiet_s": args.quiet_s, "cpu_pods_entry": args.cpu_pods_entry and not args.all_pods,
+                   "extender_options": extender_options(args.extender_option),
+                   "devices_annotation": DEVICES_ANNOTATION},
+        "code": version,
         "slice_gpus": capacity // MILLI, "pods": len(pods),
         "simulator": simulator,
         "kubernetes": kubernetes,
