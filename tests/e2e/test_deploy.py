@@ -8,6 +8,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from extender.schedconfig import IN_CLUSTER_URL
 from gpuaas.cluster.components import extender_process, scheduler_extender_tls
 from gpuaas.cluster.process import free_port, spawn, terminate
 from gpuaas.workloads import gpu_pod
@@ -34,10 +35,12 @@ def test_kube_scheduler_accepts_the_shipped_configuration(cluster, tmp_path, pat
     # With --config, kube-scheduler takes its kubeconfig from the file only: point a copy at the test cluster, and
     # its extender CA and client certificate at files that exist here (kube-scheduler reads them at start).
     local_config = {**shipped, "clientConnection": {"kubeconfig": str(cluster.kubeconfig)}}
-    tls = local_config["extenders"][0]["tlsConfig"]
-    assert set(tls) == {"caFile", "certFile", "keyFile"}  # mTLS: kube-scheduler presents a client certificate
     paths = scheduler_extender_tls(cluster.control_plane.pki)
-    tls.update(caFile=paths["ca_file"], certFile=paths["cert_file"], keyFile=paths["key_file"])
+    assert len(local_config["extenders"]) == 2  # GPU pods; pods that ask for no GPU
+    for entry in local_config["extenders"]:
+        tls = entry["tlsConfig"]
+        assert set(tls) == {"caFile", "certFile", "keyFile"}  # mTLS: kube-scheduler presents a client certificate
+        tls.update(caFile=paths["ca_file"], certFile=paths["cert_file"], keyFile=paths["key_file"])
     local = tmp_path / "config.yaml"
     local.write_text(yaml.safe_dump(local_config))
     out = tmp_path / "effective.yaml"
@@ -47,6 +50,7 @@ def test_kube_scheduler_accepts_the_shipped_configuration(cluster, tmp_path, pat
     assert result.returncode == 0, result.stderr[-2000:]
     effective = yaml.safe_load(out.read_text())
     assert effective["extenders"][0]["bindVerb"] == "bind"
+    assert effective["extenders"][1]["urlPrefix"].endswith("/cpu") and effective["extenders"][1]["ignorable"]
     assert [p["schedulerName"] for p in effective["profiles"]][-1] == "gpuaas-scheduler"
 
 
@@ -62,10 +66,11 @@ def test_second_scheduler_and_extender_schedule_a_gpu_pod_with_only_their_shippe
     extender = extender_process(tmp_path, extender_kc, port=port, pki=cp.pki)
     config = yaml.safe_load((DEPLOY / "bases" / "second-scheduler" / "scheduler-config.yaml").read_text())
     config["clientConnection"] = {"kubeconfig": str(scheduler_kc)}
-    config["extenders"][0]["urlPrefix"] = f"https://127.0.0.1:{port}"  # the Service's name, on loopback
     local = scheduler_extender_tls(cp.pki)
-    config["extenders"][0]["tlsConfig"].update(caFile=local["ca_file"], certFile=local["cert_file"],
-                                               keyFile=local["key_file"])
+    for entry in config["extenders"]:  # the Service's name, on loopback; the GPU pods' entry and /cpu
+        entry["urlPrefix"] = entry["urlPrefix"].replace(IN_CLUSTER_URL,
+                                                        f"https://127.0.0.1:{port}")
+        entry["tlsConfig"].update(caFile=local["ca_file"], certFile=local["cert_file"], keyFile=local["key_file"])
     (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(config))
     log = tmp_path / "logs" / "gpuaas-scheduler.log"
     coord = client.CoordinationV1Api(cluster.api)
