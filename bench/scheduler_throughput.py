@@ -64,16 +64,19 @@ def apiserver_requests(cluster: LocalCluster) -> Counter:
 
 
 def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: float,
-            sample_percent: int | None = None, *, cpu_entry: bool = False, cpu_share: float = 0.0) -> dict:
+            sample_percent: int | None = None, *, cpu_entry: bool = False, all_pods: bool = False,
+            cpu_share: float = 0.0) -> dict:
     """`cpu_entry`: with the CPU-pod entry as deploy/ ships it (extender.schedconfig.cpu_pods_entry) beside the GPU
-    pods' entry. `cpu_share`: this fraction of the pods asks for no GPU (2 cores, 4Gi)."""
+    pods' entry. `all_pods`: every pod through the GPU entry's filter, prioritize and bind instead (the other scheme).
+    `cpu_share`: this fraction of the pods asks for no GPU (2 cores, 4Gi)."""
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
         port = free_port()
-        extenders = extender_entries(f"http://127.0.0.1:{port}", cpu_pods=cpu_entry) if with_extender else None
+        extenders = (extender_entries(f"http://127.0.0.1:{port}", cpu_pods=cpu_entry, all_pods=all_pods)
+                     if with_extender else None)
         profiles = None
         if with_extender or sample_percent is not None:
-            profile: dict[str, Any] = (gpuaas_profile("default-scheduler") if with_extender
+            profile: dict[str, Any] = (gpuaas_profile("default-scheduler", all_pods=all_pods) if with_extender
                                        else {"schedulerName": "default-scheduler"})
             if sample_percent is not None:  # 0: kube-scheduler's adaptive default sample
                 profile["percentageOfNodesToScore"] = sample_percent
@@ -122,7 +125,8 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
             requests.subtract(requests_before)
             busiest = {k: int(v) for k, v in requests.most_common(8) if v > 0}
             return {"cpu_seconds_while_scheduling": cpu, "apiserver_requests_while_scheduling": busiest,
-                    "extender": with_extender, "cpu_pods_entry": cpu_entry, "nodes": nodes, "pods": pods,
+                    "extender": with_extender, "cpu_pods_entry": cpu_entry, "all_pods": all_pods, "nodes": nodes,
+                    "pods": pods,
                     "cpu_only_pods": sizes.count(0), "gpus_requested": sum(sizes),
                     "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1)}
         finally:
@@ -142,16 +146,20 @@ def main() -> None:
     parser.add_argument("--cpu-only-share", type=float, default=0.0,
                         help="fraction of the pods that ask for no GPU (default 0: GPU pods only)")
     parser.add_argument("--cpu-pods-entry", action="store_true",
-                        help="also run the extender with the CPU-pod entry (as deploy/ ships it) and report its "
-                             "throughput against the GPU entry alone, same pods (ratio_cpu_pods_entry)")
+                        help="instead: the extender with the GPU entry alone, with the CPU-pod entry (as deploy/ "
+                             "ships it) and with every pod through the GPU entry (all_pods), same pods, one after "
+                             "the other; ratio_cpu_pods_entry and ratio_all_pods are to the first")
     args = parser.parse_args()
     if args.cpu_pods_entry:  # the two extender runs first and back to back: the ratio that matters is theirs
         gpu_entry = one_run(args.nodes, args.pods, args.seed, True, args.timeout, cpu_share=args.cpu_only_share)
         both = one_run(args.nodes, args.pods, args.seed, True, args.timeout, cpu_entry=True,
                        cpu_share=args.cpu_only_share)
+        every = one_run(args.nodes, args.pods, args.seed, True, args.timeout, all_pods=True,
+                        cpu_share=args.cpu_only_share)
         print(json.dumps({"bench": "scheduler_throughput", "comparison": "cpu_pods_entry",
-                          "gpu_entry_only": gpu_entry, "with_cpu_pods_entry": both,
-                          "ratio_cpu_pods_entry": round(both["pods_per_second"] / gpu_entry["pods_per_second"], 3)},
+                          "gpu_entry_only": gpu_entry, "with_cpu_pods_entry": both, "all_pods_through_gpu_entry": every,
+                          "ratio_cpu_pods_entry": round(both["pods_per_second"] / gpu_entry["pods_per_second"], 3),
+                          "ratio_all_pods": round(every["pods_per_second"] / gpu_entry["pods_per_second"], 3)},
                          indent=2))
         return
     base = one_run(args.nodes, args.pods, args.seed, False, args.timeout, cpu_share=args.cpu_only_share)
