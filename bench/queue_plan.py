@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="42-44")
     parser.add_argument("--tune", type=float, default=1.5)
     parser.add_argument("--policy", default="gpuaas")
+    parser.add_argument("--window", type=int, default=64, help="the extender's queue_plan_window (0: whole queue)")
     args = parser.parse_args()
     first, _, last = args.seeds.partition("-")
     seeds = range(int(first), int(last or first) + 1)
@@ -44,13 +45,15 @@ def main() -> None:
             seconds = []
             for _ in range(3):
                 started = time.perf_counter()
-                plan = plan_queue(ClusterState(nodes), args.policy, workload, queue, now=0.0, max_wait_s=120.0)
+                plan = plan_queue(ClusterState(nodes), args.policy, workload, queue, now=0.0, max_wait_s=120.0,
+                                  window=args.window)
                 seconds.append(time.perf_counter() - started)
             median = statistics.median(seconds)
             out.append({"slice_nodes": size, "seed": seed, "queued_gpu_pods": len(queue),
                         "planned": len(plan.planned), "plan_seconds_median": round(median, 3),
                         "ms_per_queued_pod": round(1000 * median / len(queue), 3)})
-    print(json.dumps({"bench": "queue_plan", "policy": args.policy, "tune": args.tune, "runs": out}, indent=2))
+    print(json.dumps({"bench": "queue_plan", "policy": args.policy, "tune": args.tune, "window": args.window,
+                      "runs": out}, indent=2))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ class ExtenderConfig(BaseModel):
                                               "this long (pods bound, arrived or gone meanwhile)")
     queue_max_wait_seconds: float = Field(default=120.0, gt=0, description="a pod left out of joint plans this long "
                                           "goes first in the next one")
+    queue_plan_window: int = Field(default=64, ge=0, description="a joint plan reorders pods (largest first) only "
+                                   "within windows of this many arrivals, so that arrival order holds between "
+                                   "windows and small pods are not all passed over in a burst; 0: the whole queue")
     log_format: Literal["json", "text"] = Field(default="json", description="JSON lines, or text for humans")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe "
                                                                     "level logged")

@@ -173,7 +173,7 @@ async def explain_endpoint(request: web.Request) -> web.Response:
 
 def queue_planning(config: ExtenderConfig) -> QueuePlanning:
     return QueuePlanning(config.queue_planning_min_pods, config.queue_plan_refresh_seconds,
-                         config.queue_max_wait_seconds)
+                         config.queue_max_wait_seconds, config.queue_plan_window)
 
 
 def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,

@@ -42,6 +42,7 @@ class QueuePlanning:
     min_pods: int = 0  # plan while at least this many wait; 0: never
     refresh_s: float = 2.0  # plan again after this long
     max_wait_s: float = 120.0  # a pod left out this long goes first
+    window: int = 64  # arrivals reordered (largest first) only within windows of this many pods; 0: the whole queue
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class ExtenderService:
         if self.plan is None or now - self.plan.made_at >= qp.refresh_s or self._plan_model != self.view.rebuilds:
             started = time.perf_counter()
             self.plan = plan_queue(state, self.view.policy_name, self.view.workload(), waiting, now=now,
-                                   max_wait_s=qp.max_wait_s)
+                                   max_wait_s=qp.max_wait_s, window=qp.window)
             self._plan_model = self.view.rebuilds
             self.metrics.queue_plan.observe(time.perf_counter() - started)
             self.metrics.decisions.labels("queue-plan", "planned").inc(len(self.plan.planned))

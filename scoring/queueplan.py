@@ -2,8 +2,9 @@
 Deployment scaled up), place them together instead of in whatever order kube-scheduler takes them.
 
 `plan_queue` places every waiting pod on a copy of the model with the same loop as everywhere else
-(scoring.placement), largest first, which packs better than arrival order (big pods first leave the small ones to
-fill the gaps, first-fit-decreasing style): each pod gets a planned node, or none when the plan has no room for it.
+(scoring.placement), largest first within windows of arrivals, which packs better than arrival order (big pods first
+leave the small ones to fill the gaps, first-fit-decreasing style) while arrival order still holds between windows:
+each pod gets a planned node, or none when the plan has no room for it.
 The extender then steers each pod to its planned node (prioritize ranks it first), and judges pods the plan left out
 on the model with every planned pod already placed (`reserved`), so that they cannot take the room promised to the
 pods planned before them. A pod that has waited `max_wait_s` goes first in the next plan, so none waits for ever.
@@ -40,23 +41,28 @@ class QueuePlan:
         return None if choice is None else choice.node
 
 
-def plan_order(queue: Sequence[QueuedPod], now: float, max_wait_s: float) -> list[QueuedPod]:
-    """Pods that waited max_wait_s first, oldest first; then largest first (GPU share, then CPU), oldest first among
-    equals."""
-    def key(p: QueuedPod) -> tuple[bool, float, int, int, float, str]:
+def plan_order(queue: Sequence[QueuedPod], now: float, max_wait_s: float, window: int = 0) -> list[QueuedPod]:
+    """Pods that waited max_wait_s first, oldest first; then by arrival in windows of `window` pods (0: one window),
+    largest first (GPU share, then CPU) inside a window, oldest first among equals. Inside a window big pods go first,
+    which packs; across windows arrival order holds, so a small pod is passed over only by the pods of its own window
+    (with one window a burst of whole-GPU pods can take every GPU and leave every GPU share unplaced)."""
+    arrival = {p.key: i for i, p in enumerate(sorted(queue, key=lambda p: (p.waiting_since, p.key)))}
+
+    def key(p: QueuedPod) -> tuple[bool, float, int, int, int, float, str]:
         overdue = now - p.waiting_since >= max_wait_s
-        return (not overdue, p.waiting_since if overdue else 0.0, -p.demand.total_gpu_milli, -p.demand.cpu_milli,
-                p.waiting_since, p.key)
+        batch = arrival[p.key] // window if window > 0 else 0
+        return (not overdue, p.waiting_since if overdue else 0.0, batch, -p.demand.total_gpu_milli,
+                -p.demand.cpu_milli, p.waiting_since, p.key)
     return sorted(queue, key=key)
 
 
 def plan_queue(state: ClusterState, policy: str, workload: Workload | None, queue: Sequence[QueuedPod], *,
-               now: float, max_wait_s: float) -> QueuePlan:
+               now: float, max_wait_s: float, window: int = 0) -> QueuePlan:
     """Place the queue on a copy of `state`, in plan_order, with `policy`; `state` is not changed."""
     reserved = state.copy()
     placer = Placer(reserved, make_policy(policy, reserved, workload))
     plan = QueuePlan(reserved=reserved, made_at=now, state_version=state.version)
-    for pod in plan_order(queue, now, max_wait_s):
+    for pod in plan_order(queue, now, max_wait_s, window):
         choice = placer.place(pod.demand)
         if choice is None:
             plan.left_out.append(pod.key)

@@ -61,3 +61,12 @@ def test_steer_ranks_the_planned_node_first_only_where_the_pod_fits():
     assert steered.pick == "b" and steered.scores.tolist() == [8, 10]
     state.place(1, gpus("x", 4), (0, 1, 2, 3))  # `b` is full now: the plan is stale, the ranking stays
     assert steer(state, scored, gpus("p", 2), 1) is scored
+
+
+def test_windows_keep_arrival_order_between_them_and_size_order_inside():
+    """Six arrivals, windows of three: the first three go largest first, then the next three; a small early pod is
+    never passed over by a big late one, which one window (the whole queue) would do."""
+    q = queue(1, 4, 2, 4, 1, 2)  # p0..p5, arriving in that order
+    assert [p.key for p in plan_order(q, now=10.0, max_wait_s=60.0, window=3)] == [
+        "ns/p1", "ns/p2", "ns/p0", "ns/p3", "ns/p5", "ns/p4"]
+    assert [p.key for p in plan_order(q, now=10.0, max_wait_s=60.0)][:3] == ["ns/p1", "ns/p3", "ns/p2"]
