@@ -94,8 +94,8 @@ class ExtenderService:
         plan = self._queue_plan(state)
         key = pod_key(args.Pod)
         if plan is not None and plan.reserved is not None and key in self.view.queue and key not in plan.planned:
-            verdicts.hold_for_plan(verdict, state, plan.reserved, demand)
-            self.metrics.decisions.labels("filter", "held-for-plan").inc()
+            held = verdicts.hold_for_plan(verdict, state, plan.reserved, demand)
+            self.metrics.decisions.labels("filter", "held-for-plan").inc(held)  # nodes, as feasible and failed
         if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
                                                                for m in verdict.failed.values()):
             sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
@@ -158,6 +158,21 @@ class ExtenderService:
             self.metrics.decisions.labels("queue-plan", "left-out").inc(len(self.plan.left_out))
         return self.plan
 
+    def _reserve_unplanned(self, key: str, node: int, demand: PodDemand, devices: tuple[int, ...]) -> None:
+        """A pod the plan left out is being bound: the plan's reserved model holds it too from now on. When it does
+        not fit there (the plan was made again between filter and bind, or the model was rebuilt), the plan no
+        longer matches the cluster: it is dropped and made again at the next filter, and the binding goes on."""
+        plan = self.plan
+        if plan is None or plan.reserved is None or key in plan.planned:
+            return
+        if self._plan_model != self.view.rebuilds:
+            self.plan = None
+            return
+        try:
+            plan.reserved.place(node, demand, devices)
+        except ValueError:  # MigLayoutError is one too
+            self.plan = None
+
     def prioritize_cpu_pods(self, args: ExtenderArgs) -> verdicts.Priorities:
         """The CPU-pod entry's prioritize (extender.schedconfig.cpu_pods_entry): a pod that asks for no GPU is ranked
         as prioritize ranks it (the policy weighs the GPUs its CPU and memory would strand); a GPU pod, which that
@@ -200,8 +215,7 @@ class ExtenderService:
         else:
             devices = policy.devices(state, demand, node) if demand.gpus else ()
         self.view.assume(key, args.Node, demand, tuple(devices))
-        if self.plan is not None and self.plan.reserved is not None and key not in self.plan.planned:
-            self.plan.reserved.place(node, demand, tuple(devices))  # what the plan did not reserve, it now holds
+        self._reserve_unplanned(key, node, demand, tuple(devices))
         started = time.perf_counter()
         try:
             await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node,

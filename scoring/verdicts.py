@@ -115,20 +115,21 @@ HELD_FOR_PLAN = ("held for the pods gpuaas planned ahead of this one (the pendin
                  "largest first; this pod goes first once it has waited queue_max_wait_seconds)")
 
 
-def hold_for_plan(verdict: FilterVerdict, state: ClusterState, reserved: ClusterState, pod: PodDemand) -> None:
+def hold_for_plan(verdict: FilterVerdict, state: ClusterState, reserved: ClusterState, pod: PodDemand) -> int:
     """A pod the joint plan left out may not take room promised to planned pods: of the nodes it fits now, those it
     does not fit on `reserved` (the model with every planned pod placed) move to `failed` (resolvable: the room frees
-    when the plan changes). Changes `verdict`."""
+    when the plan changes). Changes `verdict`; returns how many nodes were held back."""
     if not verdict.feasible:
-        return
+        return 0
     rows = node_indices(reserved, verdict.feasible)
     keep = feasible(reserved, pod)[rows]
     if keep.all():
-        return
+        return 0
     held = list(compress(verdict.feasible, (~keep).tolist()))
     verdict.feasible = list(compress(verdict.feasible, keep.tolist()))
     verdict.feasible_rows = node_indices(state, verdict.feasible)
     verdict.failed.update(dict.fromkeys(held, HELD_FOR_PLAN))
+    return len(held)
 
 
 def steer(state: ClusterState, scored: Priorities, pod: PodDemand, row: int) -> Priorities:

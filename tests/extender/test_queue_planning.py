@@ -109,3 +109,18 @@ def test_below_min_pods_no_plan_is_made():
     svc = cluster(QueuePlanning(min_pods=2), pods, Clock())
     svc.filter(ExtenderArgs(Pod=pods["ml/solo"], NodeNames=NAMES))
     assert svc.plan is None
+
+
+def test_binding_a_left_out_pod_where_the_plan_has_no_room_drops_the_plan_and_binds():
+    """Between filter and bind the plan can change: a pod it left out may be bound on a node its reserved model has
+    no room on. The binding goes on (the live model has room) and the plan is made again at the next filter."""
+    pods = {f"ml/{n}": pending(n, gpus=4) for n in ("big-a", "big-b")}
+    svc = cluster(QueuePlanning(min_pods=2, refresh_s=1000.0), pods, Clock())
+    svc.filter(ExtenderArgs(Pod=pods["ml/big-a"], NodeNames=NAMES))
+    assert svc.plan is not None and len(svc.plan.planned) == 2  # both nodes promised
+    late = pending("late", gpus=1)
+    pods["ml/late"] = late
+    svc.view.on_change("Pod", None, late)
+    result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName="late", PodNamespace="ml", PodUID="uid-late",
+                                                      Node="a-0000")))
+    assert result.Error == "" and svc.plan is None
