@@ -36,6 +36,7 @@ from runtime.informer import Informer, Readiness
 from runtime.kubeclient import ApiEndpoint
 from scoring.clusterview import ClusterView
 from scoring.kubeobjects import ObjectError
+from scoring.verdicts import Priorities
 
 from . import auth
 from .binder import ApiBinder, NoBinder, pod_path
@@ -125,19 +126,22 @@ async def filter_verb(request: web.Request) -> web.Response:
     return _json(request.app[SERVICE].filter(args))
 
 
+def _priorities(request: web.Request, scored: Priorities) -> web.Response:
+    # An empty answer (a GPU pod at the CPU-pod entry) skips the encoder: its records are kept per node set, and an
+    # empty node set would throw them away for the next prioritize.
+    body = (request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names)
+            if scored.names else b"[]")
+    return web.Response(body=body, content_type="application/json")
+
+
 async def prioritize_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
-    scored = request.app[SERVICE].prioritize(args)
-    body = request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names)
-    return web.Response(body=body, content_type="application/json")
+    return _priorities(request, request.app[SERVICE].prioritize(args))
 
 
 async def prioritize_cpu_pods_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
-    scored = request.app[SERVICE].prioritize_cpu_pods(args)
-    body = request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names) \
-        if scored.names else b"[]"
-    return web.Response(body=body, content_type="application/json")
+    return _priorities(request, request.app[SERVICE].prioritize_cpu_pods(args))
 
 
 async def bind_verb(request: web.Request) -> web.Response:

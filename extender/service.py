@@ -94,7 +94,7 @@ class ExtenderService:
         plan = self._queue_plan(state)
         key = pod_key(args.Pod)
         if plan is not None and plan.reserved is not None and key in self.view.queue and key not in plan.planned:
-            held = verdicts.hold_for_plan(verdict, state, plan.reserved, demand)
+            held = verdicts.hold_for_plan(verdict, plan.reserved, demand)
             self.metrics.decisions.labels("filter", "held-for-plan").inc(held)  # nodes, as feasible and failed
         if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
                                                                for m in verdict.failed.values()):

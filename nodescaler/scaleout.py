@@ -9,8 +9,8 @@ In order, each step only sees the pods the previous one left:
    `nvidia.com/mig.config` on those nodes instead of buying nodes;
 4. the rest: `scoring.planner.cheapest_nodes` over the groups that are not backed off and have room below max_size.
 
-Placement in steps 1-3 is the extender's decision code (`scoring.policies` feasibility, the policy's score and device
-choice), run on a copy of the model.
+Placement in steps 1-3 is the extender's decision code (`scoring.placement.Placer`: the fit rules, the policy's score
+and device choice), run on a copy of the model.
 """
 from __future__ import annotations
 

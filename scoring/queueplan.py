@@ -34,7 +34,6 @@ class QueuePlan:
     left_out: list[str] = field(default_factory=list)  # pods the plan has no room for (they wait)
     reserved: ClusterState | None = None  # the model with every planned pod placed
     made_at: float = 0.0
-    state_version: int = -1
 
     def node_of(self, key: str) -> int | None:
         choice = self.planned.get(key)
@@ -61,7 +60,7 @@ def plan_queue(state: ClusterState, policy: str, workload: Workload | None, queu
     """Place the queue on a copy of `state`, in plan_order, with `policy`; `state` is not changed."""
     reserved = state.copy()
     placer = Placer(reserved, make_policy(policy, reserved, workload))
-    plan = QueuePlan(reserved=reserved, made_at=now, state_version=state.version)
+    plan = QueuePlan(reserved=reserved, made_at=now)
     for pod in plan_order(queue, now, max_wait_s, window):
         choice = placer.place(pod.demand)
         if choice is None:

@@ -115,19 +115,20 @@ HELD_FOR_PLAN = ("held for the pods gpuaas planned ahead of this one (the pendin
                  "largest first; this pod goes first once it has waited queue_max_wait_seconds)")
 
 
-def hold_for_plan(verdict: FilterVerdict, state: ClusterState, reserved: ClusterState, pod: PodDemand) -> int:
+def hold_for_plan(verdict: FilterVerdict, reserved: ClusterState, pod: PodDemand) -> int:
     """A pod the joint plan left out may not take room promised to planned pods: of the nodes it fits now, those it
-    does not fit on `reserved` (the model with every planned pod placed) move to `failed` (resolvable: the room frees
-    when the plan changes). Changes `verdict`; returns how many nodes were held back."""
-    if not verdict.feasible:
+    does not fit on `reserved` (the model with every planned pod placed, a copy of the one `verdict` was made on, so
+    its rows are the same) move to `failed` (resolvable: the room frees when the plan changes). Changes `verdict`;
+    returns how many nodes were held back."""
+    rows = verdict.feasible_rows
+    if rows is None or not verdict.feasible:
         return 0
-    rows = node_indices(reserved, verdict.feasible)
     keep = feasible(reserved, pod)[rows]
     if keep.all():
         return 0
     held = list(compress(verdict.feasible, (~keep).tolist()))
     verdict.feasible = list(compress(verdict.feasible, keep.tolist()))
-    verdict.feasible_rows = node_indices(state, verdict.feasible)
+    verdict.feasible_rows = rows[keep]
     verdict.failed.update(dict.fromkeys(held, HELD_FOR_PLAN))
     return len(held)
 

@@ -49,7 +49,7 @@ def test_a_pod_left_out_may_not_take_room_promised_to_planned_pods():
     late = gpus("late", 1)  # arrived after the plan: fits anywhere now, nowhere the plan keeps free
     verdict = filter_nodes(state, late, ["a", "b"])
     assert verdict.feasible == ["a", "b"]
-    assert hold_for_plan(verdict, state, plan.reserved, late) == 2
+    assert hold_for_plan(verdict, plan.reserved, late) == 2
     assert verdict.feasible == [] and verdict.failed == {"a": HELD_FOR_PLAN, "b": HELD_FOR_PLAN}
     assert verdict.feasible_rows is not None and verdict.feasible_rows.size == 0
 
