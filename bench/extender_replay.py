@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from scoring.clusterview import WORKLOAD_WINDOW
+from scoring.clusterview import EMPTY_CLUSTER_WORKLOAD_POD, WORKLOAD_WINDOW, workload_due
 from scoring.fit import cpu_fits, devices_fit, feasible, memory_fits
 from scoring.fragmentation import Workload
 from scoring.kubeobjects import DEVICES_ANNOTATION, assigned_devices, node_spec, pod_demand
@@ -184,13 +184,6 @@ def cpu_only_on_gpu_nodes(state: ClusterState) -> dict[str, int]:
     return {"pods": len(pods), "nodes": len({i for i, _ in pods}), "cpu_milli": sum(p.cpu_milli for _, p in pods)}
 
 
-# The extender's ClusterView re-derives the workload from the last WORKLOAD_WINDOW arrivals once this many are new.
-def _workload_due(new: int, seen: int) -> bool:
-    return new >= max(50, min(seen, WORKLOAD_WINDOW) // 10)
-
-
-_EMPTY_WORKLOAD_POD = PodDemand(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=1000)  # ClusterView.workload's
-
 
 def place_in_order(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], pods: Sequence[PodDemand],
                    order: Sequence[int], policy: str, seed: int, tune: float, *, workload: Workload | str = "trace",
@@ -215,7 +208,7 @@ def place_in_order(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], pods: 
     seen: list[PodDemand] = []
 
     def current() -> Workload:
-        return fixed if fixed is not None else Workload.typical(seen[-WORKLOAD_WINDOW:] or [_EMPTY_WORKLOAD_POD])
+        return fixed if fixed is not None else Workload.typical(seen[-WORKLOAD_WINDOW:] or [EMPTY_CLUSTER_WORKLOAD_POD])
 
     if learned and order:
         seen.append(pods[order[0]])
@@ -231,7 +224,7 @@ def place_in_order(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], pods: 
         if learned and k:
             seen.append(pod)
             new += 1
-            if _workload_due(new, len(seen)):
+            if workload_due(new, len(seen)):
                 new = 0
                 placer = Placer(state, make_policy(policy, state, current(), rng), tie_rank)
         if cpu_nodes is not None and not pod.gpus:
