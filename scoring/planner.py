@@ -79,15 +79,20 @@ class _Bin:
     cost: float = 0.0
 
 
-def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_place: bool
+def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_place: bool,
+                      allowed: Sequence[Sequence[bool] | None] | None = None,
                       ) -> tuple[cp_model.CpModel, dict[tuple[int, int], cp_model.IntVar],
                                  dict[tuple[int, int, int], cp_model.IntVar]]:
-    """CP-SAT variables shared by the planners: x[p][b] pod on bin, a[p][b][g] pod uses GPU g of bin b."""
+    """CP-SAT variables shared by the planners: x[p][b] pod on bin, a[p][b][g] pod uses GPU g of bin b.
+    `allowed[p][b]`: whether pod p may go to bin b at all (None: any bin)."""
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
     a: dict[tuple[int, int, int], cp_model.IntVar] = {}
     for p, pod in enumerate(pods):
+        may = allowed[p] if allowed is not None else None
         for b, bn in enumerate(bins):
+            if may is not None and not may[b]:
+                continue
             if pod.cpu_milli > bn.cpu or pod.memory_mib > bn.mem:
                 continue
             if pod.gpus and pod.allowed_models and bn.model not in pod.allowed_models:
@@ -150,22 +155,27 @@ class GangPlan(PlanResult):
 
 def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = "gpuaas",
                workload: Workload | None = None,
-               time_limit: float = DEFAULT_TIME_LIMIT, max_nodes: int = MAX_CANDIDATE_NODES) -> GangPlan:
+               time_limit: float = DEFAULT_TIME_LIMIT, max_nodes: int = MAX_CANDIDATE_NODES,
+               allowed: Sequence[np.ndarray | None] | None = None) -> GangPlan:
     """Place every pod of the gang or none. Objective: fewest nodes, then fewest NVLink/NUMA blocks spanned by
-    multi-GPU pods, then the policy's preference (0..100 per pod and node)."""
+    multi-GPU pods, then the policy's preference (0..100 per pod and node). `allowed`: per pod, the rows it may go
+    to (its nodeSelector, affinity and tolerations; cordons), None for any."""
     import time
 
     t0 = time.perf_counter()
-    greedy = _greedy_gang(state, pods, policy, workload)
+    masks = list(allowed) if allowed is not None else [None] * len(pods)
+    if len(masks) != len(pods):
+        raise ValueError(f"allowed has {len(masks)} masks for {len(pods)} pods")
+    greedy = _greedy_gang(state, pods, policy, workload, masks)
     pol = make_policy(policy, state, workload)
     # Candidate nodes: union over pods of the best-scoring feasible nodes, capped.
     score = np.zeros(len(state))
     cand: set[int] = set()
-    for pod in pods:
-        mask = feasible(state, pod)
+    for pod, may in zip(pods, masks, strict=True):
+        mask = feasible(state, pod) if may is None else feasible(state, pod) & may
         if not mask.any():
             return GangPlan("infeasible", wall_seconds=time.perf_counter() - t0,
-                            notes=[f"pod {pod.name or '?'} fits on no node even alone"])
+                            notes=[f"pod {pod.name or '?'} fits on no node it may go to, even alone"])
         s = np.asarray(pol.score(state, pod, mask), dtype=float)
         s = np.where(mask, s, -np.inf)
         top = np.argsort(-s, kind="stable")[: max(4, max_nodes // max(1, len(pods)))]
@@ -175,7 +185,8 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
         cand.update(n for n, _ in greedy)
     nodes = sorted(cand)[: max_nodes * 2]
     bins = _bins_from_state(state, nodes)
-    m, x, a = _assignment_model(pods, bins, must_place=True)
+    m, x, a = _assignment_model(pods, bins, must_place=True,
+                                allowed=[None if may is None else [bool(may[b.node]) for b in bins] for may in masks])
     used = {b: m.new_bool_var(f"used{b}") for b in range(len(bins))}
     for (_p, b), v in x.items():
         m.add_implication(v, used[b])
@@ -226,15 +237,15 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
                     notes=["no all-or-nothing placement found (solver and greedy)"])
 
 
-def _greedy_gang(state: ClusterState, pods: Sequence[PodDemand], policy: str,
-                 workload: Workload | None) -> list[tuple[int, tuple[int, ...]]] | None:
+def _greedy_gang(state: ClusterState, pods: Sequence[PodDemand], policy: str, workload: Workload | None,
+                 allowed: Sequence[np.ndarray | None]) -> list[tuple[int, tuple[int, ...]]] | None:
     """One pod at a time with the policy on a copy, largest first; None if any pod does not fit."""
     fork = state.copy()
     placer = Placer(fork, make_policy(policy, fork, workload))
     order = sorted(range(len(pods)), key=lambda i: (-pods[i].total_gpu_milli, -pods[i].cpu_milli))
     out: dict[int, tuple[int, tuple[int, ...]]] = {}
     for i in order:
-        choice = placer.place(pods[i])
+        choice = placer.place(pods[i], allowed[i])
         if choice is None:
             return None
         out[i] = (choice.node, choice.devices)

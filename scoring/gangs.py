@@ -1,0 +1,295 @@
+"""Gangs: groups of pods placed all or nothing, for the groups users already label.
+
+A pod is a member of a group by one of these labels (the first present wins):
+
+  gpuaas.io/gang                  gpuaas's own; size in annotation gpuaas.io/gang-size (and gpuaas.io/gang-min-count
+                                  to start with fewer members than the size)
+  kueue.x-k8s.io/pod-group-name   Kueue's plain-pod groups; size in annotation kueue.x-k8s.io/pod-group-total-count
+  scheduling.x-k8s.io/pod-group   the coscheduling plugin's; its size (the PodGroup's minMember) is not read from the
+                                  PodGroup object: give it as gpuaas.io/gang-size
+
+Members are created with the scheduling gate `gpuaas.io/gang` (the webhook adds it), which holds them out of
+scheduling. `decide` plans the gangs that are complete on the live model, together (`scoring.planner.place_gang`,
+honouring each member's nodeSelector, required node affinity and tolerations, and cordons), and says, per gang,
+whether to release it (each member pinned to its planned node by a hostname nodeSelector, which a gated pod may gain,
+then every gate removed), to let it wait (with the reason), or to reset it (members released but not bound within the
+bound: a pinned pod can neither be gated again nor moved, so its members are deleted for their owner to create
+again). Another component's gate (Kueue's admission gate) is waited for, never removed.
+
+Order: by priority (highest member priority), then arrival (first member created), FIFO with backfill: a gang that
+does not fit does not hold back a later one that does, until it has waited `reserve_after_s`; from then on later
+gangs wait for it (so a large gang cannot be starved for ever by a stream of small ones). Pure.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from scoring.constraints import NodeConstraints, Taint, allows, node_taints
+from scoring.fragmentation import Workload
+from scoring.kubeobjects import pod_demand, pod_key
+from scoring.model import ClusterState, PodDemand
+from scoring.planner import place_gang
+from scoring.policies import make_policy
+
+Obj = dict[str, Any]
+
+GANG_GATE = "gpuaas.io/gang"  # the scheduling gate gpuaas removes once a gang is placed
+GANG_LABEL = "gpuaas.io/gang"
+GANG_SIZE_ANNOTATION = "gpuaas.io/gang-size"
+GANG_MIN_ANNOTATION = "gpuaas.io/gang-min-count"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+Source = Literal["gpuaas", "kueue", "coscheduling"]
+GROUP_LABELS: dict[str, Source] = {GANG_LABEL: "gpuaas", KUEUE_GROUP_LABEL: "kueue",
+                                   COSCHEDULING_LABEL: "coscheduling"}
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+RELEASED_ANNOTATION = "gpuaas.io/gang-released"  # when gpuaas pinned and released the pod (epoch seconds)
+MAX_GANG_SIZE = 10_000
+
+
+class GroupError(ValueError):
+    """A pod labelled as a group member whose group cannot be read; the message names the label or annotation."""
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    namespace: str
+    name: str
+    source: Source
+    size: int
+    min_count: int
+
+    @property
+    def key(self) -> str:
+        prefix = "" if self.source == "gpuaas" else f"{self.source}:"
+        return f"{self.namespace}/{prefix}{self.name}"
+
+
+def _count(value: str | None, what: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise GroupError(f"{what} must be a whole number, not {value!r}") from None
+    if not 1 <= n <= MAX_GANG_SIZE:
+        raise GroupError(f"{what} must be between 1 and {MAX_GANG_SIZE}, not {n}")
+    return n
+
+
+def group_of(pod: Mapping[str, Any]) -> GroupRef | None:
+    """The group `pod` is a member of, None if it has no group label. Raises GroupError naming what is wrong."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    label = next((k for k in GROUP_LABELS if k in labels), None)
+    if label is None:
+        return None
+    source = GROUP_LABELS[label]
+    name = labels[label]
+    if not name:
+        raise GroupError(f"label {label} is empty: it names the group")
+    size_key = KUEUE_TOTAL_ANNOTATION if source == "kueue" else GANG_SIZE_ANNOTATION
+    size = _count(annotations.get(size_key), f"annotation {size_key}")
+    if size is None:
+        raise GroupError(f"a pod labelled {label}={name} needs annotation {size_key} (the number of pods in the group)")
+    min_count = _count(annotations.get(GANG_MIN_ANNOTATION), f"annotation {GANG_MIN_ANNOTATION}") or size
+    if min_count > size:
+        raise GroupError(f"annotation {GANG_MIN_ANNOTATION} ({min_count}) is more than the group's size ({size})")
+    return GroupRef(meta.get("namespace") or "default", name, source, size, min_count)
+
+
+def gates(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(g.get("name", "") for g in (pod.get("spec") or {}).get("schedulingGates") or ())
+
+
+@dataclass(frozen=True)
+class Member:
+    key: str  # namespace/name
+    uid: str
+    created: float  # epoch seconds
+    demand: PodDemand
+    constraints: NodeConstraints
+    gates: tuple[str, ...]
+    node: str | None  # bound to
+    pinned: str | None  # the hostname nodeSelector it carries
+    released_at: float | None  # when gpuaas released it
+    priority: int
+    owned: bool  # has a controller owner that creates it again when deleted
+
+    @property
+    def gated(self) -> bool:
+        return GANG_GATE in self.gates
+
+
+def member(pod: Mapping[str, Any], created: float) -> Member:
+    """A member's record; `created` is the pod's creationTimestamp in epoch seconds. Raises ObjectError on a pod
+    whose resources cannot be read."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    released = (meta.get("annotations") or {}).get(RELEASED_ANNOTATION)
+    try:
+        released_at = float(released) if released is not None else None
+    except ValueError:
+        released_at = None
+    return Member(pod_key(pod), meta.get("uid", ""), created, pod_demand(pod), NodeConstraints.of(pod), gates(pod),
+                  spec.get("nodeName") or None, (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL),
+                  released_at, int(spec.get("priority") or 0),
+                  any(o.get("controller") for o in meta.get("ownerReferences") or ()))
+
+
+@dataclass
+class Gang:
+    ref: GroupRef
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def arrived(self) -> float:
+        return min((m.created for m in self.members), default=math.inf)
+
+    @property
+    def priority(self) -> int:
+        return max((m.priority for m in self.members), default=0)
+
+    def foreign_gates(self) -> list[str]:
+        return sorted({g for m in self.members for g in m.gates if g != GANG_GATE})
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What node constraints are judged on, per model row."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+    unschedulable: bool
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> NodeFacts:
+        meta = node.get("metadata") or {}
+        return cls(meta.get("name", ""), meta.get("labels") or {}, node_taints(node),
+                   bool((node.get("spec") or {}).get("unschedulable")))
+
+
+@dataclass(frozen=True)
+class GangDecision:
+    gang: str  # GroupRef.key
+    action: Literal["release", "wait", "reset", "placed"]
+    message: str
+    pins: tuple[tuple[str, str], ...] = ()  # release: (member key, hostname) per gated member
+    members: tuple[str, ...] = ()  # every member's key
+
+
+@dataclass(frozen=True)
+class GangSettings:
+    policy: str = "gpuaas"
+    time_limit_s: float = 1.0  # CP-SAT per gang; the greedy answer is used when it finds none in time
+    bind_timeout_s: float = 120.0  # released members not bound by then: the gang is reset
+    reserve_after_s: float = 300.0  # a gang that waited this long stops later gangs from backfilling past it
+
+
+def allowed_rows(member_: Member, facts: Sequence[NodeFacts]) -> np.ndarray:
+    """bool[rows]: the nodes kube-scheduler's NodeAffinity, TaintToleration and NodeUnschedulable filters let the
+    member onto, and that carry a hostname label to pin it with."""
+    return np.array([not f.unschedulable and HOSTNAME_LABEL in f.labels
+                     and allows(member_.constraints, f.labels, f.taints, ignored_taints=(), node_name=f.name)
+                     for f in facts], dtype=bool)
+
+
+def _hold_released(model: ClusterState, gangs: Sequence[Gang], row_of_host: Mapping[str, int], policy: str,
+                   workload: Workload | None) -> None:
+    """Released members not bound yet hold their planned node in `model` (the watch shows them bound later), so that
+    the next gang is not planned onto the same GPUs."""
+    pol = make_policy(policy, model, workload)
+    for gang in gangs:
+        for m in gang.members:
+            if m.node is None and not m.gated and m.pinned is not None and m.released_at is not None:
+                row = row_of_host.get(m.pinned)
+                if row is None:
+                    continue
+                try:
+                    model.place(row, m.demand, pol.devices(model, m.demand, row) if m.demand.gpus else ())
+                    pol.observe(row)
+                except (ValueError, IndexError):
+                    pass  # taken meanwhile: the member will not bind, and the bound resets its gang
+
+
+def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang], now: float,
+           settings: GangSettings = GangSettings(), workload: Workload | None = None) -> list[GangDecision]:
+    """One decision per gang that needs one (a gang wholly bound gets "placed"). `state`: the model of bound pods;
+    `facts[i]`: node row i's labels, taints and cordon. `state` is not changed."""
+    if len(facts) != len(state):
+        raise ValueError(f"{len(facts)} node facts for {len(state)} model rows")
+    model = state.copy()
+    hostname = [f.labels.get(HOSTNAME_LABEL, "") for f in facts]
+    row_of_host = {h: i for i, h in enumerate(hostname) if h}
+    _hold_released(model, gangs, row_of_host, settings.policy, workload)
+    out: list[GangDecision] = []
+    waiting: list[Gang] = []
+    for gang in gangs:
+        keys = tuple(m.key for m in gang.members)
+        released = [(m, m.released_at) for m in gang.members if not m.gated and m.released_at is not None]
+        if released:
+            late = [m for m, at in released if m.node is None and now - at > settings.bind_timeout_s]
+            if late:
+                bound = sum(1 for m in gang.members if m.node is not None)
+                out.append(GangDecision(gang.ref.key, "reset", f"{len(late)} of {len(gang.members)} members released "
+                                        f"{settings.bind_timeout_s:.0f} s ago are not bound ({bound} are): the gang "
+                                        "is reset, all its members deleted for their owner to create again", (), keys))
+            elif all(m.node is not None for m in gang.members):
+                out.append(GangDecision(gang.ref.key, "placed", f"all {len(gang.members)} members bound", (), keys))
+            continue
+        if any(m.gated for m in gang.members):
+            waiting.append(gang)
+    waiting.sort(key=lambda g: (-g.priority, g.arrived, g.ref.key))
+    reserved_for: Gang | None = None
+    masks: dict[NodeConstraints, np.ndarray] = {}
+    for gang in waiting:
+        keys = tuple(m.key for m in gang.members)
+        present = len(gang.members)
+        if present < gang.ref.min_count:
+            out.append(GangDecision(gang.ref.key, "wait", f"waiting for members: {present} of "
+                                    f"{gang.ref.min_count} created", (), keys))
+            continue
+        foreign = gang.foreign_gates()
+        if foreign:
+            out.append(GangDecision(gang.ref.key, "wait", f"waiting for {', '.join(foreign)} to be removed (gpuaas "
+                                    "places the gang once no other component holds it)", (), keys))
+            continue
+        if reserved_for is not None:
+            out.append(GangDecision(gang.ref.key, "wait", f"held behind gang {reserved_for.ref.key}, which has "
+                                    f"waited over {settings.reserve_after_s:.0f} s for room", (), keys))
+            continue
+        members = [m for m in gang.members if m.gated]
+        allowed = []
+        for m in members:
+            if m.constraints not in masks:
+                masks[m.constraints] = allowed_rows(m, facts)
+            may = masks[m.constraints]
+            if m.pinned is not None:  # the user pinned it already: that node only
+                may = may & (np.arange(len(facts)) == row_of_host.get(m.pinned, -1))
+            allowed.append(may)
+        plan = place_gang(model, [m.demand for m in members], policy=settings.policy, workload=workload,
+                          time_limit=settings.time_limit_s, allowed=allowed)
+        if not plan.ok:
+            why = "; ".join(plan.notes) or "no placement holds all of its pods at once"
+            out.append(GangDecision(gang.ref.key, "wait", f"{len(members)} pods do not fit together now: {why}",
+                                    (), keys))
+            if now - gang.arrived >= settings.reserve_after_s:
+                reserved_for = gang
+            continue
+        pins = []
+        for m, (row, devices) in zip(members, plan.placements, strict=True):
+            model.place(row, m.demand, devices)  # the next gang is planned around this one
+            pins.append((m.key, hostname[row]))
+        nodes = sorted({h for _, h in pins})
+        out.append(GangDecision(gang.ref.key, "release", f"all {len(members)} pods fit together on "
+                                f"{', '.join(nodes)} (planner: {plan.status})", tuple(pins), keys))
+    return out
