@@ -23,7 +23,6 @@ cluster-autoscaler does), then nodes seen GPU-ready for the first time are annot
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import secrets
 import threading
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runtime.events import EventRecorder, node_ref, pod_ref
 from scoring.kubeobjects import MIG_CONFIG_LABEL, MIG_STATE_LABEL
 
 from .config import NodeScalerConfig
@@ -142,17 +142,13 @@ class KubeCluster:
     sent only while `may_act()` still holds."""
 
     def __init__(self, api, *, request_timeout: float | None = None, may_act: Callable[[], bool] = lambda: True):
-        from concurrent.futures import ThreadPoolExecutor
-
         from kubernetes import client
 
         self.core = client.CoreV1Api(api)
         self.api = api
         self.timeout = request_timeout
         self.may_act = may_act
-        self._recent: dict[tuple, float] = {}
-        # Events are records, sent off the reconcile's path so that fifty of them do not delay the next decision.
-        self._events = ThreadPoolExecutor(max_workers=4, thread_name_prefix="events")
+        self.events = EventRecorder(self.core, COMPONENT, request_timeout=request_timeout, may_act=may_act)
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         import json
@@ -201,43 +197,11 @@ class KubeCluster:
             return f"error: {err.status} {err.reason}"
 
     def event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
-        key = (obj.get("kind"), obj.get("namespace"), obj.get("name"), reason, message)
-        now = time.time()
-        if now - self._recent.get(key, 0.0) < 300:  # the same event for the same object: once per 5 minutes
-            return
-        self._recent[key] = now
-        if len(self._recent) > 20000:
-            self._recent = {k: t for k, t in self._recent.items() if now - t < 300}
-        self._events.submit(self._send_event, obj, type_, reason, message)
+        self.events.event(obj, type_, reason, message)
 
     def close(self) -> None:
         """Wait for the events already submitted (each bounded by the request timeout, sent only while allowed)."""
-        self._events.shutdown(wait=True)
-
-    def _send_event(self, obj: dict[str, str], type_: str, reason: str, message: str) -> None:
-        ts = dt.datetime.now(dt.UTC).isoformat()
-        ns = obj.get("namespace") or "default"
-        if not self.may_act():
-            return  # no write once this replica may not act (lease lost or shutting down)
-        try:
-            self.core.create_namespaced_event(ns, {
-                "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
-                "involvedObject": {k: v for k, v in obj.items() if v},
-                "type": type_, "reason": reason, "message": message[:1024],
-                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
-                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}, _preload_content=False,
-                _request_timeout=self.timeout)
-        except Exception as err:  # an event is a record, never a reason to stop acting
-            log.warning("event %s on %s/%s: %s", reason, ns, obj.get("name"), err)
-
-
-def node_ref(name: str) -> dict[str, str]:
-    return {"apiVersion": "v1", "kind": "Node", "name": name}
-
-
-def pod_ref(key: str, uid: str = "") -> dict[str, str]:
-    ns, name = key.split("/", 1)
-    return {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": uid}
+        self.events.close()
 
 
 # ---- the reconcile ------------------------------------------------------------------------------------------------

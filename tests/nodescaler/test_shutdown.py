@@ -199,12 +199,12 @@ class Recorder:
 
 def test_every_kubernetes_call_of_the_node_scaler_is_bounded_by_the_request_timeout():
     cluster = KubeCluster(None, request_timeout=1.5)
-    cluster.core = Recorder()
+    cluster.core = cluster.events.core = Recorder()
     cluster.get_node("n")
     cluster.patch_node("n", {})
     cluster.pods_on_node("n")
     cluster.evict("ns", "p", {})
-    cluster._send_event({"kind": "Pod", "name": "p", "namespace": "ns"}, "Normal", "R", "m")
+    cluster.events.send({"kind": "Pod", "name": "p", "namespace": "ns"}, "Normal", "R", "m")
     provider = KwokProvider(None, request_timeout=1.5)
     provider.core = Recorder()
     provider.grow(config(GROUPS).group("a100"), 2)
@@ -219,11 +219,11 @@ def test_every_kubernetes_call_of_the_node_scaler_is_bounded_by_the_request_time
 def test_no_provider_or_event_write_starts_once_the_replica_may_not_act():
     allowed = {"v": True}
     cluster = KubeCluster(None, request_timeout=1.5, may_act=lambda: allowed["v"])
-    cluster.core = Recorder()
+    cluster.core = cluster.events.core = Recorder()
     provider = KwokProvider(None, request_timeout=1.5, may_act=lambda: allowed["v"])
     provider.core = Recorder()
     allowed["v"] = False
-    cluster._send_event({"kind": "Pod", "name": "p", "namespace": "ns"}, "Normal", "R", "m")
+    cluster.events.send({"kind": "Pod", "name": "p", "namespace": "ns"}, "Normal", "R", "m")
     with pytest.raises(ProviderError, match="may not act any more"):
         provider.grow(config(GROUPS).group("a100"), 2)
     with pytest.raises(ProviderError, match="may not act any more"):
