@@ -16,6 +16,7 @@ VERB_MODULES = (
     "autoscaler.cli",
     "gpuaas.loadgen.cli",
     "nodescaler.cli",
+    "gangs.cli",
     "gpuaas.simulate.cli",
     "gpuaas.report.cli",
     "gpuaas.configref",

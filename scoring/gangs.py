@@ -235,9 +235,9 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
     waiting: list[Gang] = []
     for gang in gangs:
         keys = tuple(m.key for m in gang.members)
-        released = [(m, m.released_at) for m in gang.members if not m.gated and m.released_at is not None]
-        if released:
-            late = [m for m, at in released if m.node is None and now - at > settings.bind_timeout_s]
+        pinned = [(m, m.released_at) for m in gang.members if m.released_at is not None]  # by gpuaas
+        if pinned and any(not m.gated for m, _ in pinned):  # released
+            late = [m for m, at in pinned if m.node is None and now - at > settings.bind_timeout_s]
             if late:
                 bound = sum(1 for m in gang.members if m.node is not None)
                 out.append(GangDecision(gang.ref.key, "reset", f"{len(late)} of {len(gang.members)} members released "
@@ -245,6 +245,13 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
                                         "is reset, all its members deleted for their owner to create again", (), keys))
             elif all(m.node is not None for m in gang.members):
                 out.append(GangDecision(gang.ref.key, "placed", f"all {len(gang.members)} members bound", (), keys))
+            continue
+        if pinned and now - min(at for _, at in pinned) > settings.bind_timeout_s:
+            # Pinned but never released (a release that did not finish), and the pins no longer hold: a pin cannot
+            # be taken back from a pod, so only new pods can be placed elsewhere.
+            out.append(GangDecision(gang.ref.key, "reset", f"{len(pinned)} of {len(gang.members)} members were "
+                                    f"pinned over {settings.bind_timeout_s:.0f} s ago and never released: the gang "
+                                    "is reset, all its members deleted for their owner to create again", (), keys))
             continue
         if any(m.gated for m in gang.members):
             waiting.append(gang)

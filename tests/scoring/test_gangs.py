@@ -178,3 +178,12 @@ def test_nodes_without_a_hostname_label_are_not_planned_on():
     facts[0] = NodeFacts("n0", {}, (), False)
     [d] = decide(state, facts, [gang([pod("w0")], size=1)], now=1.0, settings=FAST)
     assert d.pins == (("ml/w0", "n1"),)
+
+
+def test_a_release_that_did_not_finish_is_completed_on_its_pins_or_reset():
+    state, facts = cluster()
+    members = [pod("w0", selector={"kubernetes.io/hostname": "n2"}, released=0.0), pod("w1")]
+    [d] = decide(state, facts, [gang(members)], now=10.0, settings=FAST)
+    assert d.action == "release" and dict(d.pins)["ml/w0"] == "n2"  # the pin made before the crash holds
+    [d] = decide(state, facts, [gang(members)], now=61.0, settings=FAST)
+    assert d.action == "reset" and "never released" in d.message

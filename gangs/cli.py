@@ -1,0 +1,47 @@
+"""`gpuaas gangs`: place pod groups all or nothing (docs/gangs.md)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("gangs", help="gang controller and admission webhook: pod groups placed all or nothing",
+                              description="Gate the members of pod groups at creation (admission webhook), plan "
+                                          "each complete group on the live cluster, pin every member to its planned "
+                                          "node and release them together; one leader at a time (docs/gangs.md).")
+    p.add_argument("--config", help="YAML config (gangs/config.py documents the fields); default: all defaults")
+    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz, /explain, /gangs")
+    p.add_argument("--port", type=int, default=8091)
+    p.add_argument("--identity", help="leader-election identity (default: $POD_NAME or hostname, plus a random suffix)")
+    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_gangs)
+
+
+def cmd_gangs(args: argparse.Namespace) -> int:
+    from runtime.config import ConfigError
+    from runtime.logs import setup_logging
+
+    from .config import load_gangs_config
+    from .service import Service
+
+    setup_logging("DEBUG" if args.verbose else "INFO", args.log_format)
+    try:
+        config = load_gangs_config(args.config)
+    except ConfigError as exc:
+        print(f"gpuaas gangs: refusing to start:\n{exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Service(config, args.kubeconfig, identity=args.identity).run(args.host, args.port, stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,316 @@
+"""The gang controller's reconcile: members read from the pods, the decision of scoring.gangs on the live model, and
+the commands that carry it out, as data (Pin, Ungate, Delete, Note), applied by a `PodWriter`: `KubePods` on the
+Kubernetes API, a recording fake in the tests.
+
+A release is two rounds of writes: every member is pinned first (a hostname nodeSelector, which a gated pod may
+gain, and the time in `gpuaas.io/gang-released`), and only when every pin succeeded is the gate removed from every
+member, at once. A pin that fails (the pod changed or went) leaves the gang gated; the next reconcile plans it again
+with the pins already made as constraints, or resets it once they are too old. The gate is removed with a JSON patch
+that first tests the gate's name at that index, so gpuaas never removes another component's gate.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runtime.events import EventRecorder, pod_ref
+from scoring.fragmentation import Workload
+from scoring.gangs import (
+    GANG_GATE,
+    HOSTNAME_LABEL,
+    RELEASED_ANNOTATION,
+    Gang,
+    GangDecision,
+    GangSettings,
+    GroupError,
+    NodeFacts,
+    decide,
+    gates,
+    group_of,
+    member,
+)
+from scoring.kubeobjects import ObjectError, pod_key
+from scoring.model import ClusterState
+
+from .metrics import Metrics
+
+log = logging.getLogger("gpuaas.gangs")
+
+Obj = dict[str, Any]
+COMPONENT = "gpuaas-gangs"
+
+
+@dataclass(frozen=True)
+class Pin:
+    key: str
+    uid: str
+    hostname: str
+    released_at: float
+
+
+@dataclass(frozen=True)
+class Ungate:
+    key: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Note:
+    key: str
+    uid: str
+    type_: str
+    reason: str
+    message: str
+
+
+Command = Pin | Ungate | Delete | Note
+
+
+class PodWriter(Protocol):
+    """Each write returns False when the pod is gone or changed under it (the next reconcile sees why)."""
+
+    def pin(self, key: str, uid: str, hostname: str, released_at: float) -> bool: ...
+
+    def ungate(self, key: str, uid: str) -> bool: ...
+
+    def delete(self, key: str, uid: str) -> bool: ...
+
+    def note(self, key: str, uid: str, type_: str, reason: str, message: str) -> None: ...
+
+
+def created_at(pod: Obj) -> float:
+    raw = (pod.get("metadata") or {}).get("creationTimestamp")
+    return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp() if raw else 0.0
+
+
+def finished(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or \
+        bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+@dataclass
+class Members:
+    gangs: dict[str, Gang] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)  # pod key -> why its group or resources cannot be read
+    uids: dict[str, str] = field(default_factory=dict)
+
+
+def read_members(pods: Iterable[Obj]) -> Members:
+    """The gangs of the pods that are in a group and not finished."""
+    out = Members()
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels")
+        if not labels or finished(pod):
+            continue
+        try:
+            ref = group_of(pod)
+            if ref is None:
+                continue
+            m = member(pod, created_at(pod))
+        except (GroupError, ObjectError, ValueError) as err:
+            out.unreadable[pod_key(pod)] = str(err)
+            continue
+        out.uids[m.key] = m.uid
+        gang = out.gangs.setdefault(ref.key, Gang(ref))
+        gang.members.append(m)
+    return out
+
+
+def commands(decisions: Sequence[GangDecision], members: Members, now: float,
+             told: dict[str, str]) -> list[Command]:
+    """What carries the decisions out. `told` (gang -> the message last noted on its members) is updated, so that a
+    waiting gang's reason is noted when it changes, not every round."""
+    out: list[Command] = []
+    for d in decisions:
+        gang = members.gangs[d.gang]
+        by_key = {m.key: m for m in gang.members}
+        if d.action == "release":
+            out += [Pin(k, by_key[k].uid, host, now) for k, host in d.pins]
+            out += [Ungate(k, by_key[k].uid) for k, _ in d.pins]
+            out += [Note(k, by_key[k].uid, "Normal", "GangReleased", f"gang {d.gang}: {d.message}") for k, _ in d.pins]
+            told.pop(d.gang, None)
+        elif d.action == "wait":
+            if told.get(d.gang) != d.message:
+                told[d.gang] = d.message
+                out += [Note(m.key, m.uid, "Normal", "GangWaiting", f"gang {d.gang}: {d.message}")
+                        for m in gang.members if m.gated]
+        elif d.action == "reset":
+            for m in gang.members:
+                if m.owned:
+                    out.append(Delete(m.key, m.uid))
+                else:
+                    out.append(Note(m.key, m.uid, "Warning", "GangReset", f"gang {d.gang}: {d.message}; this pod "
+                                    "has no controller to create it again: delete and create the gang's pods"))
+            out += [Note(m.key, m.uid, "Warning", "GangReset", f"gang {d.gang}: {d.message}")
+                    for m in gang.members if m.owned]
+            told.pop(d.gang, None)
+        else:  # placed
+            told.pop(d.gang, None)
+    return out
+
+
+@dataclass
+class Report:
+    released: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    reset: list[str] = field(default_factory=list)
+    failed_writes: int = 0
+
+
+class GangController:
+    """Plans the waiting gangs and carries the decisions out through `writer`."""
+
+    def __init__(self, settings: GangSettings, writer: PodWriter, metrics: Metrics | None = None):
+        self.settings = settings
+        self.writer = writer
+        self.metrics = metrics
+        self.told: dict[str, str] = {}
+        self.last: dict[str, GangDecision] = {}  # gang -> its last decision, for /explain
+        self.gang_of: dict[str, str] = {}  # member pod key -> gang
+        self.unreadable: dict[str, str] = {}
+
+    def reconcile(self, state: ClusterState, facts: Sequence[NodeFacts], pods: Iterable[Obj], now: float,
+                  workload: Workload | None = None) -> Report:
+        members = read_members(pods)
+        decisions = decide(state, facts, list(members.gangs.values()), now, self.settings, workload)
+        self.last = {d.gang: d for d in decisions}
+        self.gang_of = {m.key: g.ref.key for g in members.gangs.values() for m in g.members}
+        self.unreadable = members.unreadable
+        report = Report()
+        pins_failed: set[str] = set()
+        gang_of_key = self.gang_of
+        for c in commands(decisions, members, now, self.told):
+            if isinstance(c, Pin):
+                if not self.writer.pin(c.key, c.uid, c.hostname, c.released_at):
+                    pins_failed.add(gang_of_key[c.key])
+                    report.failed_writes += 1
+            elif isinstance(c, Ungate):
+                if gang_of_key[c.key] in pins_failed:
+                    continue  # not every member is pinned: the gang stays gated whole
+                if not self.writer.ungate(c.key, c.uid):
+                    report.failed_writes += 1
+            elif isinstance(c, Delete):
+                if not self.writer.delete(c.key, c.uid):
+                    report.failed_writes += 1
+            else:
+                self.writer.note(c.key, c.uid, c.type_, c.reason, c.message)
+        for d in decisions:
+            if d.action == "release" and d.gang not in pins_failed:
+                report.released.append(d.gang)
+            elif d.action == "wait":
+                report.waiting[d.gang] = d.message
+            elif d.action == "reset":
+                report.reset.append(d.gang)
+        if self.metrics is not None:
+            self.metrics.observe(report)
+        return report
+
+    def explain(self, key: str) -> dict[str, Any]:
+        """Why the pod `key` (namespace/name) is where it is, as far as gangs go."""
+        if key in self.unreadable:
+            return {"pod": key, "gang": None, "error": self.unreadable[key]}
+        gang = self.gang_of.get(key)
+        if gang is None:
+            return {"pod": key, "gang": None, "message": "not a member of any group gpuaas sees"}
+        d = self.last.get(gang)
+        return {"pod": key, "gang": gang, "action": d.action if d else "released",
+                "message": d.message if d else "released; waiting for every member to bind",
+                "pins": dict(d.pins) if d else {}}
+
+
+class KubePods:
+    """`PodWriter` on the Kubernetes API; every request bounded by `request_timeout` and made only while `may_act()`."""
+
+    def __init__(self, api: Any, *, request_timeout: float | None = None, may_act: Callable[[], bool] = lambda: True):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.timeout = request_timeout
+        self.may_act = may_act
+        self.events = EventRecorder(self.core, COMPONENT, request_timeout=request_timeout, may_act=may_act)
+
+    def _call(self, what: str, key: str, fn: Callable[[], Any]) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        if not self.may_act():
+            return False
+        try:
+            fn()
+            return True
+        except ApiException as err:
+            if err.status in (404, 409, 422):  # gone, changed (a precondition or a patch test failed)
+                log.info("%s %s: %s %s", what, key, err.status, (err.body or "")[:300])
+                return False
+            raise
+
+    def _read(self, key: str) -> Obj | None:
+        from kubernetes.client.rest import ApiException
+
+        ns, name = key.split("/", 1)
+        try:
+            return json.loads(self.core.read_namespaced_pod(name, ns, _preload_content=False,
+                                                            _request_timeout=self.timeout).data)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def pin(self, key: str, uid: str, hostname: str, released_at: float) -> bool:
+        ns, name = key.split("/", 1)
+        patch = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        pod = self._read(key)
+        if pod is None or pod["metadata"].get("uid") != uid or GANG_GATE not in gates(pod):
+            return False
+        if "nodeSelector" not in pod["spec"]:
+            patch.append({"op": "add", "path": "/spec/nodeSelector", "value": {}})
+        patch.append({"op": "add", "path": f"/spec/nodeSelector/{_escape(HOSTNAME_LABEL)}", "value": hostname})
+        if not pod["metadata"].get("annotations"):
+            patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        patch.append({"op": "add", "path": f"/metadata/annotations/{_escape(RELEASED_ANNOTATION)}",
+                      "value": f"{released_at:.3f}"})
+        return self._call("pin", key, lambda: self.core.patch_namespaced_pod(
+            name, ns, patch, _content_type="application/json-patch+json", _preload_content=False,
+            _request_timeout=self.timeout))
+
+    def ungate(self, key: str, uid: str) -> bool:
+        ns, name = key.split("/", 1)
+        pod = self._read(key)
+        if pod is None or pod["metadata"].get("uid") != uid:
+            return False
+        names = list(gates(pod))
+        if GANG_GATE not in names:
+            return True  # removed already
+        i = names.index(GANG_GATE)
+        patch = [{"op": "test", "path": "/metadata/uid", "value": uid},
+                 {"op": "test", "path": f"/spec/schedulingGates/{i}/name", "value": GANG_GATE},
+                 {"op": "remove", "path": f"/spec/schedulingGates/{i}"}]
+        return self._call("ungate", key, lambda: self.core.patch_namespaced_pod(
+            name, ns, patch, _content_type="application/json-patch+json", _preload_content=False,
+            _request_timeout=self.timeout))
+
+    def delete(self, key: str, uid: str) -> bool:
+        ns, name = key.split("/", 1)
+        body = {"preconditions": {"uid": uid}}
+        return self._call("delete", key, lambda: self.core.delete_namespaced_pod(
+            name, ns, body=body, _preload_content=False, _request_timeout=self.timeout))
+
+    def note(self, key: str, uid: str, type_: str, reason: str, message: str) -> None:
+        self.events.event(pod_ref(key, uid), type_, reason, message)
+
+    def close(self) -> None:
+        self.events.close()
+
+
+def _escape(key: str) -> str:
+    """A map key as one JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
