@@ -120,6 +120,15 @@ def nodescaler_process(workdir: Path, kubeconfig: Path, config: Path, *, identit
     return proc
 
 
+def gangs_process(workdir: Path, kubeconfig: Path, config: Path | None = None, *, identity: str = "gpuaas-gangs",
+                  name: str = "gpuaas-gangs") -> ComponentProcess:
+    """`gpuaas gangs`; ready once its informers synced (its /readyz)."""
+    proc = ComponentProcess(name, [], workdir)
+    proc.args = ["gangs", "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", str(proc.port),
+                 "--identity", identity, *(["--config", str(config)] if config is not None else [])]
+    return proc
+
+
 def autoscaler_process(workdir: Path, kubeconfig: Path, config: Path) -> ComponentProcess:
     """Ready once its first sync ran (its /readyz): past reading its config and checking its queries."""
     proc = ComponentProcess("gpuaas-autoscaler", [], workdir)
