@@ -9,6 +9,9 @@ In order, each step only sees the pods the previous one left:
    `nvidia.com/mig.config` on those nodes instead of buying nodes;
 4. the rest: `scoring.planner.cheapest_nodes` over the groups that are not backed off and have room below max_size.
 
+5. gangs gpuaas holds whole (`ClusterSnapshot.waiting_gangs`: gated members are not pending pods), each as one unit:
+   capacity for all of its members or for none.
+
 Placement in steps 1-3 is the extender's decision code (`scoring.placement.Placer`: the fit rules, the policy's score
 and device choice), run on a copy of the model.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -299,7 +303,8 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     out = ScaleOutPlan(time_limit=config.scale_out.planner_time_limit_s)
     cfg = config.scale_out
     pending = [p for p in snap.pending if snap.now - p.created >= cfg.new_pod_delay_s]
-    if not pending:
+    gangs = {k: v for k, v in snap.waiting_gangs.items() if snap.now - v[0].created >= cfg.new_pod_delay_s}
+    if not pending and not gangs:
         return out
     # 1. fits on a node that can take it now
     state = snap.state.copy()
@@ -311,8 +316,9 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     out.fit_now = [p.key for p, _ in placed]
     # 2. fits on capacity already on its way
     upcoming, up_rows = upcoming_specs(snap, config, requested)
+    up_state = ClusterState(upcoming)
     if upcoming and left:
-        placed, left = place_greedy(ClusterState(upcoming), left, cfg.policy, snap.workload, up_rows)
+        placed, left = place_greedy(up_state, left, cfg.policy, snap.workload, up_rows)
         out.wait_upcoming = [p.key for p, _ in placed]
     # 3. MIG repartition of idle nodes
     if cfg.mig_repartition and left:
@@ -320,7 +326,7 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
         out.mig, left, notes = plan_mig(state, left, candidates, cfg.policy, cfg.planner_time_limit_s,
                                         snap.workload, rows)
         out.notes += notes
-    if not left:
+    if not left and not gangs:
         return out
     # 4. new nodes: the planner per set of pods that accept the same groups (by labels and taints)
     backed_off = set(backed_off)
@@ -340,9 +346,47 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     grows: dict[str, list] = {}
     for names, pods in by_groups.items():
         _plan_new_nodes(out, pods, [group[n] for n in names], room, grows)
+    # 5. gangs, each as one unit, oldest first, on what the pods above left
+    for key, members in sorted(gangs.items(), key=lambda kv: (kv[1][0].created, kv[0])):
+        state = _plan_gang(out, key, members, state, rows, up_state, up_rows, config, room, grows, snap.workload)
     for name, (count, keys) in sorted(grows.items()):
         out.grows.append(Grow(name, count, tuple(keys), group[name].cost_per_hour))
     return out
+
+
+def _plan_gang(out: ScaleOutPlan, key: str, members: list[PodInfo], state: ClusterState, rows: Rows,
+               up_state: ClusterState, up_rows: Rows, config: NodeScalerConfig, room: dict[str, int],
+               grows: dict[str, list], workload: Any) -> ClusterState:
+    """Capacity for the whole gang or for none of it: its members go first on the free room of nodes there now,
+    then on nodes on their way, then on new nodes, and a grow is kept only if it serves every member that is left.
+    Returns the model with the room the gang takes held (for the next gang)."""
+    policy = config.scale_out.policy
+    keys = [m.key for m in members]
+    trial = state.copy()
+    _placed, left = place_greedy(trial, members, policy, workload, rows)
+    if not left:
+        out.fit_now += keys  # the gang controller places it
+        return trial
+    _placed, rest = place_greedy(up_state.copy(), left, policy, workload, up_rows)
+    if not rest:
+        out.wait_upcoming += keys
+        return trial
+    groups = [g for g in config.groups
+              if all(allows(m.constraints, *g.template_constraints()) for m in left)]
+    trial_out = ScaleOutPlan(time_limit=out.time_limit)
+    trial_room, trial_grows = dict(room), {k: [v[0], list(v[1])] for k, v in grows.items()}
+    _plan_new_nodes(trial_out, left, groups, trial_room, trial_grows)
+    out.notes += trial_out.notes
+    if trial_out.unplaceable or not any(trial_grows.get(n, [0])[0] > grows.get(n, [0])[0] for n in trial_grows):
+        why = next(iter(trial_out.unplaceable.values()), "no node group can take it")
+        out.unplaceable.update({k: f"gang {key} ({len(members)} pods) cannot be grown for whole: {why}"
+                                for k in keys})
+        return state
+    room.update(trial_room)
+    grows.clear()
+    grows.update(trial_grows)
+    out.planner_status = trial_out.planner_status
+    return trial
 
 
 def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[NodeGroupConfig], room: dict[str, int],

@@ -15,6 +15,7 @@ from typing import Any
 
 from scoring.clusterview import ClusterView
 from scoring.constraints import Expr, NodeConstraints, Taint, matches, node_taints
+from scoring.gangs import GANG_GATE, RELEASED_ANNOTATION, GroupError, gates, group_of
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
 from scoring.kubeobjects import (
     COUNT_LABEL,
@@ -124,6 +125,7 @@ class PodInfo:
     gpu: bool
     problem: str = ""
     constraints: NodeConstraints = NodeConstraints()
+    gang: str = ""  # the group gpuaas holds this pod in (scoring.gangs): gated, waiting to be placed whole
 
     @property
     def daemon(self) -> bool:
@@ -178,6 +180,19 @@ class ClusterSnapshot:
     @property
     def pending(self) -> list[PodInfo]:
         return [p for p in self.pods if p.unschedulable and p.gpu and p.demand is not None and not p.terminating]
+
+    @property
+    def waiting_gangs(self) -> dict[str, list[PodInfo]]:
+        """The gangs gpuaas holds whole for room (`PodInfo.gang`), by group, members in creation order. A gang with
+        a member that cannot be read is left out: it cannot be planned whole."""
+        gangs: dict[str, list[PodInfo]] = {}
+        broken = set()
+        for p in self.pods:
+            if p.gang and not p.terminating:
+                gangs.setdefault(p.gang, []).append(p)
+                if p.demand is None:
+                    broken.add(p.gang)
+        return {k: sorted(v, key=lambda p: (p.created, p.key)) for k, v in gangs.items() if k not in broken}
 
     def group_nodes(self, group: str) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if n.group == group]
@@ -245,7 +260,7 @@ def pod_info(pod: Obj) -> PodInfo:
     except (ObjectError, UnknownGpuModelError, ValueError) as err:
         problem = str(err)
     safe = ann.get(SAFE_TO_EVICT)
-    return PodInfo(
+    return PodInfo(gang=_waiting_gang(pod),
         key=pod_key(pod), namespace=meta.get("namespace", "default"), name=meta.get("name", "?"),
         uid=meta.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "Pending",
         demand=demand, unschedulable=unsched and not spec.get("nodeName"), unschedulable_since=since,
@@ -253,6 +268,19 @@ def pod_info(pod: Obj) -> PodInfo:
         owner_kind=owner, safe_to_evict=None if safe is None else safe == "true",
         do_not_disrupt=ann.get(DO_NOT_DISRUPT) == "true", grace_s=int(spec.get("terminationGracePeriodSeconds", 30)),
         labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem, constraints=NodeConstraints.of(pod))
+
+
+def _waiting_gang(pod: Obj) -> str:
+    """The group of a member that gpuaas holds for room: gated by gpuaas alone (another component's gate, such as
+    Kueue's, means that component has not admitted it), not pinned by a release yet."""
+    names = gates(pod)
+    if names != (GANG_GATE,) or RELEASED_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {}):
+        return ""
+    try:
+        ref = group_of(pod)
+    except GroupError:
+        return ""
+    return ref.key if ref is not None else ""
 
 
 def pdb_info(pdb: Obj) -> PdbInfo:
