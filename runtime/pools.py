@@ -18,6 +18,7 @@ A pool spec is YAML:
       pods: 110
       labels: {team: research}
       taints: [{key: dedicated, value: research, effect: NoSchedule}]
+      dra: false                 # optional: GPUs as DRA ResourceSlices (runtime/draslices.py), not extended resources
       autoscale:                 # optional: a node group `gpuaas nodescaler` grows and shrinks (count = initial size)
         minSize: 0
         maxSize: 6
@@ -45,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.alias_generators import to_camel
 
 from scoring import gpus
+from scoring.dra import DRA_LABEL
 from scoring.kubeobjects import (
     COUNT_LABEL,
     GPU_RESOURCE,
@@ -175,12 +177,24 @@ class Pool(_Strict):
     taints: list[Taint] = Field([], description="node taints")
     autoscale: Autoscale | None = Field(default=None, description="make the pool a node group the nodescaler grows "
                                         "and shrinks (the demo turns it into a group of `gpuaas nodescaler`)")
+    dra: bool = Field(default=False, description="the GPUs are published by the NVIDIA DRA driver (ResourceSlices of "
+                      "`gpu.nvidia.com`, claimed through ResourceClaims; docs/devices.md) instead of the device "
+                      "plugin's extended resources; MIG is then partitioned at allocation, `mig` naming the profiles "
+                      "offered")
 
     @model_validator(mode="after")
     def _count_within_group_bounds(self) -> Pool:
         a = self.autoscale
         if a is not None and not a.min_size <= self.count <= a.max_size:
             raise ValueError(f"count {self.count} is outside autoscale [minSize {a.min_size}, maxSize {a.max_size}]")
+        return self
+
+    @model_validator(mode="after")
+    def _dra_pool(self) -> Pool:
+        if self.dra and self.gpu is None:
+            raise ValueError("dra is set on a pool without GPUs")
+        if self.dra and self.autoscale is not None:
+            raise ValueError("dra pools cannot autoscale yet (the node scaler does not publish ResourceSlices)")
         return self
 
     def template(self) -> dict[str, Any]:
@@ -286,12 +300,18 @@ def node_objects(pool: Pool) -> list[dict[str, Any]]:
             "nvidia.com/gpu.memory": str(g.memory_mib or model.memory_mib),
             REPLICAS_LABEL: "1",
         })
-        if model.mig_capable:
+        if model.mig_capable and pool.dra:  # no MIG manager: the DRA driver partitions GPUs as claims ask
+            labels["nvidia.com/mig.capable"] = "true"
+        elif model.mig_capable:
             labels.update({"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
                            MIG_CONFIG_LABEL: g.mig_config_label(), MIG_STATE_LABEL: "success"})
-        # Mixed strategy: whole GPUs as nvidia.com/gpu, each MIG instance as nvidia.com/mig-<profile>.
-        resources[GPU_RESOURCE] = str(g.count - mig_gpus)
-        for profile, per_gpu in g.mig_counts().items():
+        # Mixed strategy: whole GPUs as nvidia.com/gpu, each MIG instance as nvidia.com/mig-<profile>. A DRA pool
+        # advertises no GPU resource: its GPUs are ResourceSlices (runtime/draslices.py).
+        if pool.dra:
+            labels[DRA_LABEL] = "true"
+        else:
+            resources[GPU_RESOURCE] = str(g.count - mig_gpus)
+        for profile, per_gpu in ({} if pool.dra else g.mig_counts()).items():
             resource = model.mig_profile(profile).resource_name
             resources[resource] = str(per_gpu * mig_gpus)
             labels[f"{resource}.count"] = str(per_gpu * mig_gpus)

@@ -15,6 +15,7 @@ from runtime.kubeclient import api_client
 from runtime.pools import PoolSpec, PoolSpecError, load_pool_spec, spec_node_objects
 
 from .controlplane import ControlPlane
+from .dra import publish_dra
 from .nodes import create_nodes, wait_nodes_ready
 
 RBAC_KINDS = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
@@ -74,8 +75,12 @@ class LocalCluster:
         t0 = time.monotonic()
         create_nodes(self.api, nodes)
         created = time.monotonic() - t0
+        timings = {"nodes": float(len(nodes)), "nodes_created_s": created}
+        if any(p.dra for p in pools.pools):  # what the DRA driver publishes, once the nodes exist (owner references)
+            timings["resource_slices"] = float(publish_dra(self.api, pools))
         wait_nodes_ready(self.api, [n["metadata"]["name"] for n in nodes], timeout=timeout)
-        return {"nodes": float(len(nodes)), "nodes_created_s": created, "nodes_ready_s": time.monotonic() - t0}
+        timings["nodes_ready_s"] = time.monotonic() - t0
+        return timings
 
     def service_account_kubeconfig(self, rbac: Path, account: str, namespace: str = "gpuaas-system") -> Path:
         """Apply the ServiceAccounts and RBAC of `rbac` (a kustomize base of deploy/, rendered as `kubectl apply -k`
