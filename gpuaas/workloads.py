@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from scoring.kubeobjects import GPU_RESOURCE, MODELS_ANNOTATION, SHARE_RESOURCE
-from scoring.model import MILLI, PodDemand
+from scoring.model import PodDemand
 
 from .cluster.stages import COMPLETE_AFTER_ANNOTATION
 
@@ -60,8 +60,8 @@ def gpu_deployment(name: str, namespace: str = "default", *, replicas: int = 1,
 def pod_for_demand(name: str, namespace: str, demand: PodDemand) -> dict[str, Any]:
     """The pod a model demand stands for (trace replays): the inverse of scoring.kubeobjects.pod_demand."""
     pod = gpu_pod(name, namespace, cpu=f"{demand.cpu_milli}m", memory=f"{demand.memory_mib}Mi",
-                  gpus=demand.gpus if demand.gpus and demand.gpu_milli == MILLI and not demand.mig_profile else 0,
-                  mig=demand.mig_profile or None, gpu_share=demand.gpu_milli if demand.is_share else 0)
+                  gpus=demand.gpus if demand.takes_replicas else 0, mig=demand.mig_profile or None,
+                  gpu_share=demand.gpu_milli if demand.is_share or demand.whole_share else 0)
     if demand.allowed_models:
         pod["metadata"]["annotations"][MODELS_ANNOTATION] = ",".join(sorted(demand.allowed_models))
     return pod

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from scoring.kubeobjects import GPU_RESOURCE, REPLICAS_LABEL, SHARE_RESOURCE
 from scoring.model import MILLI, ClusterState, PodDemand
 from scoring.rowwise import any_per_row, count_per_row
 
@@ -24,15 +25,26 @@ def memory_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
 
 def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     """Free devices of the kind the pod asks (a free MIG instance of its profile, a GPU with its share free, or that
-    many wholly free GPUs), whatever the GPU model. Only for pods that ask for GPUs."""
+    many nvidia.com/gpu devices: wholly free GPUs, or free replicas on a time-sliced node), whatever the GPU model.
+    A GPU share gpuaas accounts never fits a time-sliced node (see `shares_refused`). Only for pods that ask for
+    GPUs."""
     if pod.mig_profile:
         col = state.mig_pos.get(pod.mig_profile)
         if col is None:  # no GPU of the cluster has that profile
             return np.zeros(len(state), dtype=bool)
         return any_per_row(state.mig_free[:, :, col] > 0)
-    if pod.is_share:
-        return any_per_row(state.gpu_left >= pod.gpu_milli)
+    if not pod.takes_replicas:
+        fits = any_per_row(state.gpu_left >= pod.gpu_milli)
+        return fits & ~state.time_sliced if state.any_time_sliced else fits
+    if state.any_time_sliced:
+        return state.free_replicas() >= pod.gpus
     return count_per_row(state.gpu_left == MILLI) >= pod.gpus
+
+
+def shares_refused(pod: PodDemand) -> bool:
+    """The pod asks for a GPU share gpuaas accounts (`gpuaas.io/gpu-share`, or a trace's fractional pod), which a
+    time-sliced node cannot give: its device plugin hands out whole replicas of nvidia.com/gpu and nothing else."""
+    return bool(pod.gpus) and not pod.mig_profile and not pod.takes_replicas
 
 
 def feasible(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
@@ -62,8 +74,16 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
 
     gpus = state.gpu_count[rows]
     model = state.model_idx[rows]
+    # Time-sliced rows, for the pods whose devices time-slicing changes (None when no row is, the usual case).
+    sliced = state.time_sliced[rows] if state.any_time_sliced and pod.gpus and not pod.mig_profile else None
+    replicas = state.replicas[rows]
     if pod.gpus:
         mark(gpus == 0, "node has no GPUs")
+        if sliced is not None and shares_refused(pod):
+            for r in present(replicas[sliced]):
+                mark(sliced & (replicas == r), f"node time-slices its GPUs ({REPLICAS_LABEL}={r}): its device plugin "
+                     f"hands out replicas of {GPU_RESOURCE} only, not a {SHARE_RESOURCE} share; ask for "
+                     f"{GPU_RESOURCE}: 1 for one replica (1/{r} of a GPU)")
         allowed = state.model_allowed(pod)[rows]
         for m, gm in enumerate(state.models if pod.allowed_models or pod.mig_profile else ()):
             on_model = model == m
@@ -72,9 +92,17 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
             if pod.mig_profile and pod.mig_profile not in gm.mig_profiles:
                 known = ", ".join(p for p in gm.mig_profiles if "+" not in p) or "none"
                 mark(on_model, f"no MIG layout of {gm.name} has a {pod.mig_profile} instance (its profiles: {known})")
-        if not pod.mig_profile and not pod.is_share:
-            for n in present(gpus[gpus < pod.gpus]):
-                mark(gpus == n, f"pod asks for {pod.gpus} GPUs, the node has {n}")
+        if pod.takes_replicas:
+            if sliced is not None:  # the node's nvidia.com/gpu devices are its replicas
+                short = sliced & (gpus * replicas < pod.gpus)
+                for r in present(replicas[short]):
+                    for n in present(gpus[short & (replicas == r)]):
+                        mark(short & (replicas == r) & (gpus == n), f"pod asks for {pod.gpus} {GPU_RESOURCE}, the node "
+                             f"has {n * r}: {n} GPU{'' if n == 1 else 's'} time-sliced into {r} replicas each "
+                             f"({REPLICAS_LABEL}={r})")
+            few = (gpus < pod.gpus) if sliced is None else (gpus < pod.gpus) & ~sliced
+            for n in present(gpus[few]):
+                mark(few & (gpus == n), f"pod asks for {pod.gpus} GPUs, the node has {n}")
     resolvable = len(messages)
     mark(~cpu_fits(state, pod)[rows], f"insufficient cpu ({pod.cpu_milli}m requested)")
     mark(~memory_fits(state, pod)[rows], f"insufficient memory ({pod.memory_mib}Mi requested)")
@@ -82,9 +110,16 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
         fits = devices_fit(state, pod)[rows]
         if pod.mig_profile:
             mark(~fits, f"no free MIG instance {pod.mig_profile}")
-        elif pod.is_share:
+        elif not pod.takes_replicas:
             mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
         else:
+            if sliced is not None:
+                free = state.free_replicas(rows)
+                short = ~fits & sliced
+                for r in present(replicas[short]):
+                    for n in present(free[short & (replicas == r)]):
+                        mark(short & (replicas == r) & (free == n), f"insufficient GPU replicas: {n} free, {pod.gpus} "
+                             f"requested ({REPLICAS_LABEL}={r}: each of the node's GPUs is {r} replicas)")
             whole_free = count_per_row(state.gpu_left == MILLI)[rows]  # per node, then gathered: no [rows, G] copy
             for n in present(whole_free[~fits]):
                 mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
@@ -99,9 +134,12 @@ def misfit_reason(state: ClusterState, pod: PodDemand, node: int) -> str | None:
 
 def free_on(state: ClusterState, node: int) -> dict[str, int]:
     """What one node has free now, the numbers behind a misfit (for /explain)."""
-    return {"cpu_milli": int(state.cpu_left[node]), "memory_mib": int(state.mem_left[node]),
+    free = {"cpu_milli": int(state.cpu_left[node]), "memory_mib": int(state.mem_left[node]),
             "whole_gpus": int((state.gpu_left[node] == MILLI).sum()),
             "largest_gpu_share_milli": int(state.gpu_left[node].max()) if state.gpu_left.shape[1] else 0}
+    if state.time_sliced[node]:
+        free["gpu_replicas"] = int(state.free_replicas(np.array([node]))[0])
+    return free
 
 
 def present(counts: np.ndarray) -> list[int]:

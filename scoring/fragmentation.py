@@ -122,6 +122,15 @@ class FragmentationIndex:
         self.count[rows] = ge.sum(axis=1)
         self.usable[rows] = (left[:, :, None] * ge).sum(axis=1)
         self.idle[rows] = left.sum(axis=1)
+        if self.state.any_time_sliced:
+            # On a time-sliced node a whole-GPU shape (nvidia.com/gpu) runs on any free replica and a share shape on
+            # none (scoring.fit): "GPUs with room" are its free replicas, and what it can use is their share.
+            sliced = rows[self.state.time_sliced[rows]]
+            if sliced.size:
+                free = self.state.free_replicas(sliced)
+                whole = self.milli == MILLI
+                self.count[sliced] = np.where(whole[None, :], free[:, None], 0)
+                self.usable[sliced] = np.where(whole[None, :], (free * self.state.replica_milli[sliced])[:, None], 0)
         self.frag[rows] = self._frag(self.idle[rows], self.count[rows], self.usable[rows],
                                      self.state.cpu_left[rows], self.acc[rows])
 
@@ -137,10 +146,13 @@ class FragmentationIndex:
     # -- what-if ---------------------------------------------------------------------------------------------------
 
     def frag_after_whole(self, rows: np.ndarray, pod: PodDemand) -> np.ndarray:
-        """F of each node in `rows` after placing a pod that takes `pod.gpus` fully free GPUs (or none)."""
+        """F of each node in `rows` after placing a pod that takes `pod.gpus` fully free GPUs (or none); on a
+        time-sliced node, `pod.gpus` replicas."""
         k = pod.gpus
-        # A fully free GPU has enough share for every shape, so it left every shape's count and usable sum.
-        return self._frag(self.idle[rows] - MILLI * k, self.count[rows] - k, self.usable[rows] - MILLI * k,
+        taken = self.state.pod_gpu_milli(pod, rows) if k else np.zeros(len(rows), dtype=np.int64)
+        # A fully free GPU has enough share for every shape, so it left every shape's count and usable sum; so does a
+        # replica, for the shapes a time-sliced node runs (the others count none there).
+        return self._frag(self.idle[rows] - taken, self.count[rows] - k, self.usable[rows] - taken[:, None],
                           self.state.cpu_left[rows] - pod.cpu_milli, self.acc[rows])
 
     def share_candidates(self, rows: np.ndarray, pod: PodDemand) -> tuple[np.ndarray, np.ndarray]:

@@ -162,17 +162,22 @@ for _m in _MODELS:
         _BY_KEY.setdefault(_key.lower(), _m)
 
 
-def _strip_mig_suffix(product: str) -> str:
-    # GFD in single strategy publishes e.g. "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"; the hardware is the prefix.
+SHARED_SUFFIX = "-SHARED"  # GFD's product label on a node whose GPUs are time-sliced or MPS-shared
+
+
+def _hardware_product(product: str) -> str:
+    # GFD in single strategy publishes e.g. "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"; the hardware is the prefix. With
+    # time-slicing (or MPS) it appends "-SHARED" unless the resource is renamed: "Tesla-T4-SHARED" is a T4.
     head, sep, _ = product.partition("-MIG-")
-    return head if sep else product
+    head = head if sep else product
+    return head[: -len(SHARED_SUFFIX)] if head.upper().endswith(SHARED_SUFFIX) else head
 
 
 def model_by_product(product_label: str) -> GpuModel | None:
     """The model whose `nvidia.com/gpu.product` label (or a known alias) this is, else None."""
     if not product_label:
         return None
-    return _BY_KEY.get(_strip_mig_suffix(product_label.strip()).lower())
+    return _BY_KEY.get(_hardware_product(product_label.strip()).lower())
 
 
 def get_model(name_or_product: str) -> GpuModel:

@@ -3,11 +3,14 @@
 The one place in gpuaas that reads what GPU feature discovery, the NVIDIA device plugin and gpuaas itself publish:
 
 Node
-  labels       nvidia.com/gpu.product   GPU model (scoring.gpus catalog, by product label)
+  labels       nvidia.com/gpu.product   GPU model (scoring.gpus catalog, by product label; "-SHARED" when time-sliced)
                nvidia.com/gpu.count     physical GPUs on the node
-               nvidia.com/gpu.replicas  time-slicing replicas per GPU (1 = exclusive)
+               nvidia.com/gpu.replicas  time-slicing (or MPS) replicas per GPU, 1..1000 (absent, 0 or 1 = exclusive):
+                                        allocatable nvidia.com/gpu then counts replicas, and a pod asking
+                                        nvidia.com/gpu: N takes N of them (scoring.model, "Time-slicing")
+               nvidia.com/mig-<profile>.replicas  must be 1 (or absent): gpuaas does not model time-sliced MIG
                gpuaas.io/pool           node group
-  allocatable  nvidia.com/gpu           whole GPUs not in MIG mode (mixed strategy)
+  allocatable  nvidia.com/gpu           whole GPUs not in MIG mode (mixed strategy), times their replicas
                nvidia.com/mig-<profile> MIG instances; the MIG-enabled GPUs are gpu.count minus whole GPUs, and the
                                         instances are spread over them as the MIG manager lays them out
   annotation   gpuaas.io/gpu-topology   {"nvlinkDomains": [[0,1,2,3],...], "numaNodes": [[...],...]}
@@ -53,6 +56,7 @@ POOL_LABEL = "gpuaas.io/pool"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"  # none, time-slicing or mps (informational here)
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"  # the GPU operator's MIG manager: the layout asked for
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"  # and how far it got (pending, success, failed)
 
@@ -267,7 +271,7 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
     whole = _int(alloc.get(GPU_RESOURCE, 0), f"{where}: allocatable {GPU_RESOURCE}")
     mig_alloc = {k[len(MIG_RESOURCE_PREFIX):]: _int(v, f"{where}: allocatable {k}")
                  for k, v in alloc.items() if k.startswith(MIG_RESOURCE_PREFIX)}
-    replicas = _label_int(labels.get(REPLICAS_LABEL, "1"), f"{where}: label {REPLICAS_LABEL}") or 1
+    replicas = gpu_replicas(labels, where)
     physical = labels.get(COUNT_LABEL)
     gpus = _label_int(physical, f"{where}: label {COUNT_LABEL}") if physical is not None else whole // replicas
     if gpus == 0 and (whole or any(mig_alloc.values())):
@@ -286,6 +290,12 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
     if model is None:
         model = get_model(product or "unknown")  # raises UnknownGpuModelError naming the catalog
     mig_gpus = max(0, gpus - whole // replicas) if any(mig_alloc.values()) else 0
+    if mig_gpus:
+        for key, value in labels.items():  # MIG instances the device plugin time-slices (mixed strategy)
+            if key.startswith(MIG_RESOURCE_PREFIX) and key.endswith(".replicas") and value not in ("0", "1"):
+                raise ObjectError(f"{where}: label {key}={_shown(value)}: its MIG instances are time-sliced, which "
+                                  f"gpuaas does not model (only {REPLICAS_LABEL} on GPUs without MIG); set replicas "
+                                  f"1 for the MIG resources in the device plugin's sharing config")
     layouts = _mig_layouts(gpus, mig_gpus, {p: n for p, n in mig_alloc.items() if n}, where)
     for layout in {tuple(sorted(per_gpu.items())) for per_gpu in layouts or () if per_gpu}:
         try:  # here, not when the model is built: one unreadable node must not stop every decision
@@ -294,7 +304,17 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
             raise ObjectError(f"{where}: its allocatable MIG instances do not fit its GPUs: {err}") from None
     return NodeSpec(name, cpu, mem, gpus=gpus, gpu_model=model.name,
                     gpu_blocks=_blocks(_map(meta.get("annotations"), f"{where}: metadata.annotations"), gpus, where),
-                    mig_layouts=layouts, node_group=pool)
+                    mig_layouts=layouts, node_group=pool, gpu_replicas=replicas if gpus > mig_gpus else 1)
+
+
+def gpu_replicas(labels: Mapping[str, Any], where: str) -> int:
+    """Time-slicing replicas per GPU from `nvidia.com/gpu.replicas` (GFD writes 0 when sharing is off, 1 when on without
+    replicas): 1..1000, 1 = exclusive. Raises ObjectError naming the label."""
+    replicas = _label_int(labels.get(REPLICAS_LABEL, "1"), f"{where}: label {REPLICAS_LABEL}") or 1
+    if replicas > MILLI:
+        raise ObjectError(f"{where}: label {REPLICAS_LABEL}={replicas}: gpuaas models at most {MILLI} replicas per GPU "
+                          f"(a replica is 1/{MILLI} of a GPU at the least)")
+    return replicas
 
 
 def _mig_layouts(gpus: int, mig_gpus: int, counts: dict[str, int],
@@ -461,7 +481,8 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
             if not 0 < milli <= MILLI:
                 raise UnsupportedDemand(f"{where}: {SHARE_RESOURCE} must be 1..{MILLI} thousandths of a GPU, "
                                         f"got {milli}")
-            return PodDemand(cpu, mem, gpus=1, gpu_milli=milli, allowed_models=allowed, name=name)
+            return PodDemand(cpu, mem, gpus=1, gpu_milli=milli, allowed_models=allowed, name=name,
+                             whole_share=milli == MILLI)
         if migs:
             if len(migs) > 1 or next(iter(migs.values())) != _NANO:
                 asked = {k: str(_decimal(v)) for k, v in migs.items()}

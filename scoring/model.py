@@ -6,6 +6,22 @@ arrays (one row per node, one column per GPU slot) so that scoring a pod against
 Units: CPU in millicores, memory in MiB, GPU share in thousandths of a GPU ("milli": 1000 = one whole GPU). A GPU's
 MIG state is the 8-bit mask of memory slices in use (scoring.gpus). A GPU's `block` is its NVLink/NUMA group on the
 node: GPUs in the same block talk over NVLink or at least share a CPU socket.
+
+Time-slicing. A node whose device plugin time-slices its GPUs into R replicas (`nvidia.com/gpu.replicas: R`; it then
+advertises R `nvidia.com/gpu` devices per GPU) has `NodeSpec.gpu_replicas = R`. One replica is a share of its GPU,
+1000//R thousandths (`ClusterState.replica_milli`), kept in the same per-GPU `gpu_left` as every other share, and a pod
+asking `nvidia.com/gpu: N` (`PodDemand.takes_replicas`) takes N replicas there instead of N whole GPUs. For N > 1 the
+model is what the NVIDIA device plugin does unless `failRequestsGreaterThanOne` is set (then such a pod fails at the
+kubelet, UnexpectedAdmissionError): it hands out any N free replicas of the node, spread by its default `distributed`
+allocation policy (each next replica from the GPU with the fewest replicas handed out), so several may come from one GPU
+once the others are taken, and the pod gets no more compute for them than CUDA's time-slicing gives any process. So the
+pod fits when the node has N free replicas in all (what kube-scheduler counts too), takes N replicas, and gpuaas records
+the GPUs the device plugin is expected to pick (scoring.policies.replica_devices), a GPU listed once per replica. A GPU
+share gpuaas accounts (`gpuaas.io/gpu-share`) does not fit a time-sliced node: its device plugin hands out replicas,
+nothing else, so the replicas are the only shares such a node can give (scoring.fit says so). MIG instances of a node
+with MIG-enabled and time-sliced GPUs (mixed strategy) stay whole instances: `nvidia.com/gpu.replicas` counts the
+`nvidia.com/gpu` devices only. With R not dividing 1000 (3, 6, 7, ...) a full GPU keeps the rest (1000 - R x 1000//R
+thousandths) idle and unusable.
 """
 from __future__ import annotations
 
@@ -36,10 +52,15 @@ class NodeSpec:
     # MIG layout per GPU as {profile: count}; None = MIG disabled on every GPU.
     mig_layouts: tuple[dict[str, int] | None, ...] | None = None
     node_group: str = ""
+    # Time-slicing replicas per GPU (`nvidia.com/gpu.replicas`): each nvidia.com/gpu device of the node is one replica,
+    # MILLI // gpu_replicas thousandths of a GPU; 1 = exclusive GPUs (see the module docstring).
+    gpu_replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.gpus > MAX_GPUS_PER_NODE:
             raise ValueError(f"node {self.name}: gpus must be 0..{MAX_GPUS_PER_NODE}, got {self.gpus}")
+        if not 1 <= self.gpu_replicas <= MILLI:
+            raise ValueError(f"node {self.name}: gpu_replicas must be 1..{MILLI}, got {self.gpu_replicas}")
         if self.cpu_milli < 0 or self.memory_mib < 0:
             raise ValueError(f"node {self.name}: negative capacity")
         if self.gpu_blocks is not None and len(self.gpu_blocks) != self.gpus:
@@ -50,8 +71,11 @@ class NodeSpec:
 class PodDemand:
     """What one pod asks for.
 
-    gpus: whole GPUs, or 1 with gpu_milli < 1000 for a share of one GPU (time-slicing / fractional), or 1 with a
-    mig_profile for one MIG instance. allowed_models: catalog names the pod may run on; empty = any.
+    gpus: whole GPUs (`nvidia.com/gpu`; on a time-sliced node that many replicas, see `takes_replicas`), or 1 with
+    gpu_milli < 1000 for a share of one GPU (`gpuaas.io/gpu-share`, or a trace's fractional pod), or 1 with a
+    mig_profile for one MIG instance. whole_share: 1 GPU with gpu_milli 1000 asked as `gpuaas.io/gpu-share: 1000`, a
+    share only gpuaas accounts that happens to be whole (a time-sliced node cannot give it; every smaller share is
+    `is_share`). allowed_models: catalog names the pod may run on; empty = any.
     """
 
     cpu_milli: int = 0
@@ -61,6 +85,7 @@ class PodDemand:
     mig_profile: str = ""
     allowed_models: frozenset[str] = field(default_factory=frozenset)
     name: str = ""
+    whole_share: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
@@ -71,10 +96,18 @@ class PodDemand:
             raise ValueError(f"pod {self.name}: a GPU share (gpu_milli < 1000) is for one GPU, got gpus={self.gpus}")
         if self.mig_profile and self.gpus != 1:
             raise ValueError(f"pod {self.name}: a MIG profile request takes exactly one instance")
+        if self.whole_share and (self.gpus != 1 or self.gpu_milli != MILLI or self.mig_profile):
+            raise ValueError(f"pod {self.name}: whole_share is one GPU's 1000 thousandths")
 
     @property
     def is_share(self) -> bool:
         return self.gpus == 1 and self.gpu_milli < MILLI and not self.mig_profile
+
+    @property
+    def takes_replicas(self) -> bool:
+        """The pod asks for `nvidia.com/gpu` devices: whole GPUs on an exclusive node, that many time-slicing replicas
+        on a time-sliced one."""
+        return self.gpus > 0 and self.gpu_milli == MILLI and not self.mig_profile and not self.whole_share
 
     @property
     def total_gpu_milli(self) -> int:
@@ -98,6 +131,9 @@ class ClusterState:
     Arrays (N nodes, G = MAX_GPUS_PER_NODE):
       cpu_cap, cpu_left, mem_cap, mem_left   int64[N]
       gpu_count                              int64[N]
+      replicas                               int64[N]   time-slicing replicas per GPU (1 = exclusive GPUs)
+      replica_milli                          int64[N]   thousandths one nvidia.com/gpu device takes (MILLI // replicas)
+      time_sliced                            bool[N]    replicas > 1
       model_idx                              int64[N]   index into `models` (-1 for CPU nodes)
       gpu_left                               int64[N,G] thousandths free per GPU (0 for padding and MIG GPUs)
       gpu_exists                             bool[N,G]
@@ -131,6 +167,10 @@ class ClusterState:
         self.cpu_left = self.cpu_cap.copy()
         self.mem_left = self.mem_cap.copy()
         self.gpu_count = np.array([x.gpus for x in self.nodes], dtype=np.int64)
+        self.replicas = np.array([x.gpu_replicas for x in self.nodes], dtype=np.int64)
+        self.replica_milli = MILLI // self.replicas
+        self.time_sliced = self.replicas > 1
+        self.any_time_sliced = bool(self.time_sliced.any())  # most clusters have none: the rules skip the work
         self.model_idx = np.array(
             [self.model_pos[get_model(x.gpu_model).name] if x.gpus else -1 for x in self.nodes], dtype=np.int64)
         self.gpu_exists = np.arange(g)[None, :] < self.gpu_count[:, None]
@@ -179,6 +219,26 @@ class ClusterState:
             used = sum(profiles[p].compute_slices for p, _, _, alloc in insts if alloc)
             out[i, gi] = (MILLI * (7 - used)) // 7
         return out
+
+    def device_milli(self, node: int, pod: PodDemand) -> int:
+        """Thousandths the pod takes from each GPU index it is given on `node` (a replica on a time-sliced node)."""
+        return int(self.replica_milli[node]) if pod.takes_replicas else pod.gpu_milli
+
+    def pod_gpu_milli(self, pod: PodDemand, rows: np.ndarray | None = None) -> NDArray[np.int64]:
+        """int64[len(rows)] (int64[N] without rows): the GPU thousandths the pod takes on each node; a pod asking
+        nvidia.com/gpu: N takes N replicas on a time-sliced node, N whole GPUs elsewhere."""
+        unit = self.replica_milli if rows is None else self.replica_milli[rows]
+        if pod.takes_replicas:
+            return pod.gpus * unit
+        return np.full(unit.shape, pod.total_gpu_milli, dtype=np.int64)
+
+    def free_replicas(self, rows: np.ndarray | None = None) -> NDArray[np.int64]:
+        """int64[len(rows)] (int64[N] without rows): the nvidia.com/gpu devices free on each node, as its device plugin
+        counts them: whole free GPUs on an exclusive node, free replicas on a time-sliced one."""
+        left = self.gpu_left if rows is None else self.gpu_left[rows]
+        unit = self.replica_milli if rows is None else self.replica_milli[rows]
+        free: NDArray[np.int64] = (left // unit[:, None]).sum(axis=1)  # exclusive: 1 per wholly free GPU, else 0
+        return free
 
     def model_allowed(self, pod: PodDemand) -> NDArray[np.bool_]:
         """bool[N]: node's GPU model is one the pod accepts (always True for pods without a model constraint)."""
@@ -232,8 +292,9 @@ class ClusterState:
         elif pod.gpus:
             if len(gpus) != pod.gpus:
                 raise ValueError(f"pod {pod.name}: {len(gpus)} devices for {pod.gpus} GPUs")
-            for gi in gpus:
-                self.gpu_left[node, gi] -= pod.gpu_milli
+            per = self.device_milli(node, pod)
+            for gi in gpus:  # a GPU listed twice gives two replicas (time-slicing)
+                self.gpu_left[node, gi] -= per
             if (self.gpu_left[node] < 0).any():
                 raise ValueError(f"pod {pod.name}: GPU over-commit on {self.names[node]}")
         self.pods_on[node].append((pod, tuple(gpus)))
@@ -253,8 +314,9 @@ class ClusterState:
                     self.mig_free[node, gi, self.mig_pos[pod.mig_profile]] += 1
                     break
         else:
+            per = self.device_milli(node, pod)
             for gi in gpus:
-                self.gpu_left[node, gi] += pod.gpu_milli
+                self.gpu_left[node, gi] += per
         entry = (pod, tuple(gpus))
         self.pods_on[node].remove(entry)
         self.version += 1

@@ -24,7 +24,7 @@ from scoring.fragmentation import Workload
 from scoring.gpus import GpuModel, get_model, resolve_mig_layout
 from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand, default_blocks
 from scoring.placement import Placer
-from scoring.policies import FirstFitPolicy, make_policy, mig_gpu_first_fit
+from scoring.policies import FirstFitPolicy, make_policy, mig_gpu_first_fit, spread_replicas
 
 DEFAULT_TIME_LIMIT = 2.0
 MAX_CANDIDATE_NODES = 48  # per gang: the best-scoring feasible nodes, to keep the model small
@@ -77,6 +77,11 @@ class _Bin:
     node: int = -1  # index in the state for existing nodes
     group: str = ""  # node group for new nodes
     cost: float = 0.0
+    replicas: int = 1  # time-slicing replicas per GPU (scoring.model): its nvidia.com/gpu devices are replicas
+
+    def free_replicas(self) -> int:
+        """The nvidia.com/gpu devices free on a time-sliced bin (its device plugin picks which GPUs they are on)."""
+        return sum(left // (MILLI // self.replicas) for left in self.gpu_left)
 
 
 def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_place: bool,
@@ -100,13 +105,16 @@ def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_p
             if pod.mig_profile:
                 if bn.mig_free.get(pod.mig_profile, 0) <= 0:
                     continue
+            elif pod.gpus and bn.replicas > 1:  # replicas, counted per node (scoring.fit); no GPU share fits
+                if not pod.takes_replicas or bn.free_replicas() < pod.gpus:
+                    continue
             elif pod.gpus:
                 ok_gpus = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
                 if len(ok_gpus) < pod.gpus:
                     continue
             v = m.new_bool_var(f"x{p}_{b}")
             x[p, b] = v
-            if pod.gpus and not pod.mig_profile:
+            if pod.gpus and not pod.mig_profile and bn.replicas == 1:
                 gs = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
                 for g in gs:
                     a[p, b, g] = m.new_bool_var(f"a{p}_{b}_{g}")
@@ -123,6 +131,10 @@ def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_p
             continue
         m.add(sum(pods[p].cpu_milli * v for p, v in on) <= bn.cpu)
         m.add(sum(pods[p].memory_mib * v for p, v in on) <= bn.mem)
+        if bn.replicas > 1:
+            replicas = [(pods[p].gpus, v) for p, v in on if pods[p].takes_replicas]
+            if replicas:
+                m.add(sum(k * v for k, v in replicas) <= bn.free_replicas())
         for g, left in enumerate(bn.gpu_left):
             users = [(p, a[p, b, g]) for p in range(len(pods)) if (p, b, g) in a]
             if users:
@@ -142,7 +154,7 @@ def _bins_from_state(state: ClusterState, nodes: Sequence[int]) -> list[_Bin]:
                     if state.mig_free[n, :, c].sum() > 0}
         out.append(_Bin(int(state.cpu_left[n]), int(state.mem_left[n]), [int(v) for v in state.gpu_left[n, :k]],
                         state.model_names[state.model_idx[n]] if k else "", [int(v) for v in state.block[n, :k]],
-                        mig_free, node=int(n)))
+                        mig_free, node=int(n), replicas=int(state.replicas[n])))
     return out
 
 
@@ -221,9 +233,15 @@ def place_gang(state: ClusterState, pods: Sequence[PodDemand], *, policy: str = 
     status = _status(solver, code)
     if status != "infeasible":
         placements: list[tuple[int, tuple[int, ...]]] = []
+        left = {b: list(bn.gpu_left) for b, bn in enumerate(bins) if bn.replicas > 1}  # replicas handed out so far
         for p in range(len(pods)):
             b = next(b for b in range(len(bins)) if (p, b) in x and solver.value(x[p, b]))
             gpus = tuple(g for g in range(len(bins[b].gpu_left)) if (p, b, g) in a and solver.value(a[p, b, g]))
+            if b in left and pods[p].takes_replicas:  # the device plugin's choice, as scoring.policies models it
+                unit = MILLI // bins[b].replicas
+                gpus = spread_replicas(left[b], unit, pods[p].gpus)
+                for g in gpus:
+                    left[b][g] -= unit
             if pods[p].mig_profile:
                 taken = Counter(g for n, gs in placements if n == bins[b].node for g in gs)
                 gpus = (mig_gpu_first_fit(state, pods[p], bins[b].node, taken),)
@@ -458,7 +476,7 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
         for _ in range(cap):
             gpu_left = [0 if (t.mig_layouts and t.mig_layouts[g]) else MILLI for g in range(t.gpus)]
             bins.append(_Bin(t.cpu_milli, t.memory_mib, gpu_left, model_name, blocks, dict(mig_free),
-                             group=grp.name, cost=grp.price))
+                             group=grp.name, cost=grp.price, replicas=t.gpu_replicas))
             specs.append(replace(t, name=f"{grp.name}-{len(specs)}"))
     # Pods no template can host at all are reported, not planned.
     empty = ClusterState(specs)

@@ -11,7 +11,7 @@ Policies are registered by name (POLICIES) and built with `make_policy(name, sta
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations
@@ -67,6 +67,29 @@ def first_free_gpus(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
     return tuple(int(g) for g in free[:k])
 
 
+def replica_devices(state: ClusterState, node: int, k: int) -> tuple[int, ...]:
+    """The GPUs k replicas come from on a time-sliced node: the NVIDIA device plugin chooses them, not gpuaas, by its
+    default `distributed` policy (rm/allocate.go greedyAlloc): each next replica from the GPU with the fewest replicas
+    handed out (the most free), among equals the one this request took fewest from, then the lowest index. A GPU is
+    listed once per replica it gives. Raises ValueError when the node has fewer than k free replicas."""
+    return spread_replicas(state.gpu_left[node, : int(state.gpu_count[node])], int(state.replica_milli[node]), k)
+
+
+def spread_replicas(gpu_left: Sequence[int] | np.ndarray, unit: int, k: int) -> tuple[int, ...]:
+    """replica_devices over one node's free thousandths per GPU (`unit` per replica)."""
+    free = [int(x) // unit for x in gpu_left]
+    taken = [0] * len(free)
+    out = []
+    for _ in range(k):
+        ok = [g for g in range(len(free)) if free[g] > taken[g]]
+        if not ok:
+            raise ValueError(f"{k} replicas asked, {sum(free)} free")
+        g = min(ok, key=lambda g: (taken[g] - free[g], taken[g], g))  # fewest allocated = most still free
+        taken[g] += 1
+        out.append(g)
+    return tuple(out)
+
+
 def sigmoid(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -97,6 +120,8 @@ class _Base:
     def devices(self, state: ClusterState, pod: PodDemand, node: int) -> tuple[int, ...]:
         if pod.gpus == 0:
             return ()
+        if pod.takes_replicas and state.time_sliced[node]:
+            return replica_devices(state, node, pod.gpus)
         if pod.mig_profile:
             return (mig_gpu_first_fit(state, pod, node),)
         if pod.is_share:
@@ -165,7 +190,7 @@ class BestFitPolicy(_Base):
 
     def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         cpu_free = (state.cpu_left - pod.cpu_milli) / MAX_SPEC_CPU
-        gpu_free = (state.gpu_left.sum(axis=1) - pod.total_gpu_milli) / MAX_SPEC_GPU
+        gpu_free = (state.gpu_left.sum(axis=1) - state.pod_gpu_milli(pod)) / MAX_SPEC_GPU
         raw = np.trunc((1.0 - (0.5 * cpu_free + 0.5 * gpu_free)) * MAX_NODE_SCORE).astype(np.int64)
         out = np.zeros(len(state), dtype=np.int64)
         if not mask.any():
@@ -334,7 +359,7 @@ class GpuaasPolicy(FgdPolicy):
         cpu = state.cpu_left[rows].astype(float)
         mem = state.mem_left[rows].astype(float)
         return (self.stranded(idle, cpu, mem)
-                - self.stranded(idle - pod.total_gpu_milli, cpu - pod.cpu_milli, mem - pod.memory_mib))
+                - self.stranded(idle - state.pod_gpu_milli(pod, rows), cpu - pod.cpu_milli, mem - pod.memory_mib))
 
     def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray:
         if pod.mig_profile:
@@ -343,8 +368,8 @@ class GpuaasPolicy(FgdPolicy):
             return self._share_score(state, pod, mask)
         s = super().score(state, pod, mask)
         rows = np.flatnonzero(mask)  # tie-breakers only where the pod fits: the rest is never chosen
-        if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
-            s[rows] += self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus, rows)
+        if pod.gpus >= 2 and pod.gpu_milli >= MILLI:  # (the device plugin spreads replicas whatever the topology)
+            s[rows] += self.TOPOLOGY_BONUS * fits_in_one_block(state, pod.gpus, rows) * ~state.time_sliced[rows]
         gpu_used = 1.0 - sum_per_row(state.gpu_left)[rows] / (np.maximum(state.gpu_count[rows], 1) * MILLI)
         cpu_used = 1.0 - state.cpu_left[rows] / np.maximum(state.cpu_cap[rows], 1)
         s[rows] += self.CONSOLIDATION * (0.5 * gpu_used + 0.5 * cpu_used)
@@ -396,7 +421,7 @@ class GpuaasPolicy(FgdPolicy):
             gpus = np.flatnonzero(state.mig_free[node, :, col] > 0)
             used_slices = np.array([bin(int(m)).count("1") for m in state.mig_mask[node, gpus]])
             return (int(gpus[np.lexsort((gpus, -used_slices))[0]]),)
-        if pod.gpus >= 2 and pod.gpu_milli >= MILLI:
+        if pod.gpus >= 2 and pod.gpu_milli >= MILLI and not state.time_sliced[node]:
             chosen = topology_gpus(state, node, pod.gpus)
             if chosen is None:  # only on a node the pod does not fit (a pod bound there past gpuaas)
                 raise ValueError(f"{state.names[node]} has fewer than {pod.gpus} free GPUs")

@@ -144,7 +144,9 @@ def simulate(nodes: Sequence[NodeSpec], trace: Sequence[PodDemand], policy: str,
             placer.commit(pod, choice)
             if metric is not getattr(chooser, "index", None):
                 metric.refresh([node])
-            used_total += pod.total_gpu_milli
+            # What the pod took: on a time-sliced node nvidia.com/gpu: N is N replicas, not N GPUs.
+            used_total += int(state.pod_gpu_milli(pod, np.array([node]))[0]) if state.any_time_sliced \
+                else pod.total_gpu_milli
             frag_total += metric.frag[node] - before_frag
             idle_total += metric.idle[node] - before_idle
         arrived[i], used[i], frag[i], idle[i] = arrived_total, used_total, frag_total, idle_total

@@ -155,7 +155,9 @@ def devices_free(state: ClusterState, node: int, pod: PodDemand, devices: tuple[
     if pod.mig_profile:
         col = state.mig_pos.get(pod.mig_profile)
         return col is not None and bool((state.mig_free[node, idx, col] > 0).all())
-    return bool((state.gpu_left[node, idx] >= pod.gpu_milli).all())
+    # A GPU listed n times gives n replicas on a time-sliced node (n is 1 elsewhere, for a choice gpuaas made).
+    gpus, times = np.unique(np.asarray(idx, dtype=np.int64), return_counts=True)
+    return bool((state.gpu_left[node, gpus] >= times * state.device_milli(node, pod)).all())
 
 
 def explain(state: ClusterState, policy: Policy, pod: PodDemand, node: str,
