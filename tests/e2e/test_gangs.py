@@ -89,7 +89,7 @@ def reasons(api, ns: str, reason: str) -> list[str]:
 
 
 def test_a_gang_of_four_eight_gpu_pods_lands_whole_on_its_planned_nodes(env, ns):
-    cluster, proc = env
+    cluster, _ = env
     client.BatchV1Api(cluster.api).create_namespaced_job(ns, job("train", 4, 8))
     wait_for(lambda: len(bound(members(cluster.api, ns, "train"))) == 4, timeout=90, what="4 members bound")
     pods = members(cluster.api, ns, "train")
@@ -129,9 +129,31 @@ def test_two_gangs_needing_most_of_the_gpus_never_deadlock(env, ns):
 
 
 def test_a_gang_that_cannot_fit_stays_gated_whole_with_its_reason(env, ns):
-    cluster, proc = env
+    cluster, _ = env
     client.BatchV1Api(cluster.api).create_namespaced_job(ns, job("huge", 5, 8))  # 40 GPUs on a 32-GPU cluster
     wait_for(lambda: any("do not fit together" in m for m in reasons(cluster.api, ns, "GangWaiting")), timeout=60,
              what="the gang's reason in its events")
     pods = members(cluster.api, ns, "huge")
     assert len(pods) == 5 and len(gated(pods)) == 5 and not bound(pods)
+
+
+def test_a_kueue_pod_group_is_placed_only_after_kueue_admits_it(env, ns):
+    """Kueue's plain-pod group labels; Kueue's own gate is removed here as Kueue removes it when it admits."""
+    cluster, proc = env
+    core = client.CoreV1Api(cluster.api)
+    for i in range(2):
+        core.create_namespaced_pod(ns, {
+            "metadata": {"name": f"k{i}", "labels": {"kueue.x-k8s.io/pod-group-name": "grp"},
+                         "annotations": {"kueue.x-k8s.io/pod-group-total-count": "2"}},
+            "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}, {"name": GANG_GATE}],
+                     "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+    wait_for(lambda: "kueue.x-k8s.io/admission" in explain(proc, f"{ns}/k0").get("message", ""), timeout=30,
+             what="gpuaas waiting for Kueue's gate")
+    time.sleep(2)
+    pods = core.list_namespaced_pod(ns).items
+    assert all([g.name for g in p.spec.scheduling_gates] == ["kueue.x-k8s.io/admission", GANG_GATE] for p in pods)
+    for i in range(2):  # Kueue admits: it removes its own gate, and only that
+        core.patch_namespaced_pod(f"k{i}", ns, [{"op": "test", "path": "/spec/schedulingGates/0/name",
+                                                 "value": "kueue.x-k8s.io/admission"},
+                                                {"op": "remove", "path": "/spec/schedulingGates/0"}])
+    wait_for(lambda: len(bound(core.list_namespaced_pod(ns).items)) == 2, timeout=60, what="the group bound whole")
