@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 from scoring.constraints import NodeConstraints, allows
 from scoring.fit import feasible
 from scoring.gpus import MigLayoutError, mig_configs_for, model_by_product
+from scoring.kubeobjects import ObjectError, gpu_replicas
 from scoring.model import ClusterState, NodeSpec
 from scoring.placement import Placer
 from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
@@ -130,8 +131,14 @@ def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
     layout = mig_configs_for(model).get(node.mig_config)
     if layout is None:
         return None
+    try:
+        replicas = gpu_replicas(node.labels, f"node {node.name}")
+    except ObjectError:
+        return None
+    # All GPUs in MIG mode leave no nvidia.com/gpu device to time-slice (as scoring.kubeobjects.node_spec reads it).
     return NodeSpec(node.name, node.cpu_milli, node.memory_mib, gpus=node.gpus, gpu_model=model.name,
-                    mig_layouts=(layout or None,) * node.gpus if layout else None, node_group=node.group)
+                    mig_layouts=(layout or None,) * node.gpus if layout else None, node_group=node.group,
+                    gpu_replicas=1 if layout else replicas)
 
 
 def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig,
@@ -247,19 +254,18 @@ def nodes_needed(template: NodeSpec, pods: Sequence[PodInfo], room: int,
     bound on new nodes per group handed to the planner, which keeps its model small."""
     if room <= 0:
         return 0
-    state = ClusterState([NodeSpec(f"{template.name}-{i}", template.cpu_milli, template.memory_mib, template.gpus,
-                                   template.gpu_model, template.gpu_blocks, template.mig_layouts)
-                          for i in range(min(room, len(pods)))])
+    state = ClusterState([replace(template, name=f"{template.name}-{i}") for i in range(min(room, len(pods)))])
     placed, _ = place_greedy(state, pods, "first-fit", rows=[constraints] * len(state))
     return len({row for _, row in placed})
 
 
 def lower_bound(template: NodeSpec, pods: Sequence[PodInfo]) -> int:
-    """No fewer nodes of `template` can hold these whole-GPU pods: total GPUs, CPU and memory over one node's."""
+    """No fewer nodes of `template` can hold these whole-GPU pods: total GPUs (nvidia.com/gpu devices: replicas on a
+    time-sliced template), CPU and memory over one node's."""
     def ceil_div(a: int, b: int) -> int:
         return -(-a // b) if b > 0 else (0 if a == 0 else 1 << 30)
 
-    return max(ceil_div(sum(p.known_demand.gpus for p in pods), template.gpus),
+    return max(ceil_div(sum(p.known_demand.gpus for p in pods), template.gpus * template.gpu_replicas),
                ceil_div(sum(p.known_demand.cpu_milli for p in pods), template.cpu_milli),
                ceil_div(sum(p.known_demand.memory_mib for p in pods), template.memory_mib))
 
@@ -274,7 +280,8 @@ def _dominates(a: NodeGroup, b: NodeGroup, pods: Sequence[PodInfo]) -> bool:
     ta, tb = a.template, b.template
     if a.price > b.price or (ta.cpu_milli, ta.memory_mib) < (tb.cpu_milli, tb.memory_mib):
         return False
-    if ta.cpu_milli < tb.cpu_milli or ta.memory_mib < tb.memory_mib or ta.gpus != tb.gpus:
+    if ta.cpu_milli < tb.cpu_milli or ta.memory_mib < tb.memory_mib or ta.gpus != tb.gpus \
+            or ta.gpu_replicas != tb.gpu_replicas:
         return False
     if ta.mig_layouts != tb.mig_layouts or (ta.gpu_blocks or ()) != (tb.gpu_blocks or ()):
         return False
@@ -406,8 +413,7 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
         if len(fits) == len(left) and only.max_new == lower_bound(only.template, left):
             # One group, and first-fit reaches the resource lower bound: that is the optimum, no solver needed.
             t = only.template
-            trial = ClusterState([NodeSpec(f"n{i}", t.cpu_milli, t.memory_mib, t.gpus, t.gpu_model, t.gpu_blocks)
-                                  for i in range(only.max_new)])
+            trial = ClusterState([replace(t, name=f"n{i}", mig_layouts=None) for i in range(only.max_new)])
             _placed, rest = place_greedy(trial, left, "first-fit")
             if not rest:
                 out.planner_status = "optimal (first-fit meets the lower bound)"

@@ -12,6 +12,7 @@ A pool spec is YAML:
         memoryMiB: 81920         # optional; the model's memory by default
         mig: all-1g.10gb         # optional; a MIG-manager config name, or a per-GPU layout {1g.10gb: 7}
         migGPUs: 8               # optional; how many of the GPUs have MIG enabled (default: all when mig is set)
+        replicas: 4              # optional; time-slicing: each GPU without MIG is 4 nvidia.com/gpu devices (default 1)
         topology: {nvlinkDomain: 8, numaNode: 4}   # GPUs per NVLink domain and per NUMA node
       cpu: "96"
       memory: 1Ti
@@ -27,7 +28,10 @@ A pool spec is YAML:
 
 Every field is checked before any process starts; an unknown field, a negative count or a MIG layout that does not fit
 the GPU model is refused with a message naming the field. The nodes carry what GPU feature discovery and the NVIDIA
-device plugin (MIG strategy `mixed`) publish on a real node.
+device plugin (MIG strategy `mixed`) publish on a real node; with `replicas: R` > 1, what they publish when the device
+plugin's sharing config time-slices `nvidia.com/gpu` into R replicas: `nvidia.com/gpu.replicas: R`,
+`nvidia.com/gpu.sharing-strategy: time-slicing`, the product label with `-SHARED` appended, and R `nvidia.com/gpu`
+devices per GPU without MIG (scoring/model.py, "Time-slicing").
 
 The Node objects rendered here are provider-neutral: no provider ID and nothing a node provider needs to play or
 create them. Who creates nodes adds its own: `nodescaler.provider.kwok_node` turns them into nodes kwok plays (the
@@ -55,6 +59,7 @@ from scoring.kubeobjects import (
     POOL_LABEL,
     PRODUCT_LABEL,
     REPLICAS_LABEL,
+    SHARING_STRATEGY_LABEL,
     TOPOLOGY_ANNOTATION,
 )
 
@@ -96,6 +101,11 @@ class GpuSpec(_Strict):
                                  "enabled, at most count; unset: all when mig is set")
     topology: Topology = Field(default=Topology(), description="NVLink and NUMA grouping of the GPUs (the "
                                "`gpuaas.io/gpu-topology` annotation)")
+    replicas: int = Field(default=1, ge=1, le=1000, description="time-slicing replicas per GPU (the device plugin's "
+                          "`sharing.timeSlicing`): each GPU without MIG is advertised as this many `nvidia.com/gpu` "
+                          "devices, one replica (1/replicas of the GPU) each, with the labels GPU feature discovery "
+                          "writes (`nvidia.com/gpu.replicas`, `-SHARED` on `nvidia.com/gpu.product`); 1: exclusive "
+                          "GPUs")
 
     @field_validator("model")
     @classmethod
@@ -195,6 +205,13 @@ class Pool(_Strict):
             raise ValueError("dra is set on a pool without GPUs")
         if self.dra and self.autoscale is not None:
             raise ValueError("dra pools cannot autoscale yet (the node scaler does not publish ResourceSlices)")
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_need_the_device_plugin(self) -> Pool:
+        if self.dra and self.gpu is not None and self.gpu.replicas > 1:
+            raise ValueError(f"gpu.replicas {self.gpu.replicas} is the device plugin's time-slicing; a dra pool's GPUs "
+                             "are not nvidia.com/gpu devices (share them through claims)")
         return self
 
     def template(self) -> dict[str, Any]:
@@ -298,19 +315,22 @@ def node_objects(pool: Pool) -> list[dict[str, Any]]:
             PRODUCT_LABEL: model.product,
             COUNT_LABEL: str(g.count),
             "nvidia.com/gpu.memory": str(g.memory_mib or model.memory_mib),
-            REPLICAS_LABEL: "1",
+            REPLICAS_LABEL: str(g.replicas),
         })
+        if g.replicas > 1:  # what GFD writes for a time-sliced nvidia.com/gpu (renameByDefault off)
+            labels.update({PRODUCT_LABEL: model.product + gpus.SHARED_SUFFIX, SHARING_STRATEGY_LABEL: "time-slicing"})
         if model.mig_capable and pool.dra:  # no MIG manager: the DRA driver partitions GPUs as claims ask
             labels["nvidia.com/mig.capable"] = "true"
         elif model.mig_capable:
             labels.update({"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
                            MIG_CONFIG_LABEL: g.mig_config_label(), MIG_STATE_LABEL: "success"})
-        # Mixed strategy: whole GPUs as nvidia.com/gpu, each MIG instance as nvidia.com/mig-<profile>. A DRA pool
-        # advertises no GPU resource: its GPUs are ResourceSlices (runtime/draslices.py).
+        # Mixed strategy: whole GPUs as nvidia.com/gpu (each `replicas` devices when time-sliced), each MIG instance
+        # as nvidia.com/mig-<profile>. A DRA pool advertises no GPU resource: its GPUs are ResourceSlices
+        # (runtime/draslices.py).
         if pool.dra:
             labels[DRA_LABEL] = "true"
         else:
-            resources[GPU_RESOURCE] = str(g.count - mig_gpus)
+            resources[GPU_RESOURCE] = str((g.count - mig_gpus) * g.replicas)
         for profile, per_gpu in ({} if pool.dra else g.mig_counts()).items():
             resource = model.mig_profile(profile).resource_name
             resources[resource] = str(per_gpu * mig_gpus)
@@ -344,14 +364,14 @@ def pools_from_node_specs(specs: list, prefix: str = "n") -> PoolSpec:
     distinct (GPU model, GPUs, CPU, memory), in order of first appearance."""
     groups: dict[tuple, int] = {}
     for s in specs:
-        key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib)
+        key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib, s.gpu_replicas if s.gpus else 1)
         groups[key] = groups.get(key, 0) + 1
     pools = []
-    for i, ((model, per_node, cpu, mem), count) in enumerate(groups.items()):
+    for i, ((model, per_node, cpu, mem, replicas), count) in enumerate(groups.items()):
         name = f"{prefix}{i}-{model.lower().replace('_', '-')}x{per_node}" if per_node else f"{prefix}{i}-cpu"
         pool: dict[str, Any] = {"name": re.sub(r"[^a-z0-9-]", "-", name)[:40].strip("-"), "count": count,
                                 "cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": 1000}
         if per_node:
-            pool["gpu"] = {"model": model, "count": per_node}
+            pool["gpu"] = {"model": model, "count": per_node, **({"replicas": replicas} if replicas > 1 else {})}
         pools.append(pool)
     return parse_pool_spec({"pools": pools})

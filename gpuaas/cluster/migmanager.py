@@ -32,6 +32,7 @@ from scoring.kubeobjects import (
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
     PRODUCT_LABEL,
+    gpu_replicas,
     holds_resources,
     requests_gpu,
 )
@@ -48,7 +49,9 @@ def mig_resources(node: dict[str, Any], config: str) -> tuple[dict[str, str], di
         raise ValueError(f"node {node['metadata']['name']}: unknown GPU product {labels.get(PRODUCT_LABEL)!r}")
     count = int(labels.get(COUNT_LABEL, "0"))
     mig = None if config == "all-disabled" else config
-    pool = Pool.model_validate({"name": "x", "count": 1, "gpu": {"model": model.name, "count": count, "mig": mig}})
+    replicas = gpu_replicas(labels, f"node {node['metadata']['name']}")  # time-slicing stays as the node had it
+    pool = Pool.model_validate({"name": "x", "count": 1, "gpu": {"model": model.name, "count": count, "mig": mig,
+                                                                 "replicas": replicas}})
     rendered = node_objects(pool)[0]
     res = {k: v for k, v in rendered["status"]["allocatable"].items()
            if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)}

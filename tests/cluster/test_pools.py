@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from runtime.pools import PoolSpecError, node_objects, parse_pool_spec
+from runtime.pools import PoolSpecError, node_objects, parse_pool_spec, pools_from_node_specs
+from scoring.kubeobjects import node_spec
+from scoring.model import NodeSpec
 
 
 def spec(**pool):
@@ -148,3 +150,41 @@ def test_bad_autoscale_is_refused(count, autoscale, message):
     with pytest.raises(PoolSpecError) as err:
         parse_pool_spec(spec(count=count, autoscale=autoscale))
     assert message in str(err.value)
+
+
+def test_a_time_sliced_pool_renders_what_gfd_and_the_device_plugin_publish():
+    """replicas: 4 (issue 16): 4 nvidia.com/gpu devices per GPU without MIG, GFD's replicas, sharing-strategy and
+    -SHARED product labels; the model reads back 2 GPUs of 4 replicas each."""
+    (node,) = node_objects(parse_pool_spec(spec(count=1, gpu={"model": "T4", "count": 2, "replicas": 4})).pools[0])
+    labels = node["metadata"]["labels"]
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("2", "4")
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    model = node_spec(node)
+    assert (model.gpus, model.gpu_model, model.gpu_replicas) == (2, "T4", 4)
+
+
+def test_time_slicing_beside_mig_counts_the_gpus_without_mig_only():
+    (node,) = node_objects(parse_pool_spec(spec(count=1, gpu={"model": "A100-80GB", "count": 8, "replicas": 2,
+                                                               "mig": "all-3g.40gb", "migGPUs": 6})).pools[0])
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"  # 2 GPUs without MIG x 2 replicas
+    assert node["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] == "12"
+
+
+@pytest.mark.parametrize("gpu,extra,message", [
+    ({"model": "T4", "count": 1, "replicas": 0}, {}, "pools[0].gpu.replicas: Input should be greater than or equal"),
+    ({"model": "T4", "count": 1, "replicas": 1001}, {}, "pools[0].gpu.replicas: Input should be less than or equal"),
+    ({"model": "T4", "count": 1, "replicas": 4}, {"dra": True}, "gpu.replicas 4 is the device plugin's time-slicing"),
+])
+def test_bad_replicas_are_refused_naming_the_field(gpu, extra, message):
+    with pytest.raises(PoolSpecError) as err:
+        parse_pool_spec(spec(gpu=gpu, **extra))
+    assert message in str(err.value)
+
+
+def test_a_trace_cluster_keeps_its_time_sliced_nodes_apart():
+    specs = [NodeSpec("a", 8000, 32768, gpus=1, gpu_model="T4", gpu_replicas=4), NodeSpec("b", 8000, 32768, gpus=1,
+                                                                                        gpu_model="T4")]
+    pools = pools_from_node_specs(specs).pools
+    assert [(p.gpu.replicas if p.gpu else None) for p in pools] == [4, 1]

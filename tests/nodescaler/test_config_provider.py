@@ -112,3 +112,14 @@ def test_unknown_scale_out_policy_is_refused(tmp_path):
     with pytest.raises(ConfigError,
                        match=r"scale_out\.policy: policy 'best-fit' is not one of random, least-allocated"):
         load_nodescaler_config(path, environ={})
+
+
+def test_the_mig_manager_keeps_a_nodes_time_slicing():
+    """A time-sliced A100 node (2 replicas) repartitioned to all-3g.40gb and back to all-disabled: its whole GPUs are
+    advertised as replicas again (issue 16)."""
+    cfg = config([{"name": "ts", "template": {"gpu": {"model": "A100-80GB", "count": 8, "replicas": 2}},
+                   "max_size": 2, "cost_per_hour": 1}])
+    (node,) = node_objects(cfg.group("ts").pool)
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "16"
+    assert mig_resources(node, "all-3g.40gb")[0] == {"nvidia.com/gpu": "0", "nvidia.com/mig-3g.40gb": "16"}
+    assert mig_resources(node, "all-disabled")[0] == {"nvidia.com/gpu": "16"}
