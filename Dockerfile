@@ -1,5 +1,5 @@
 # The one gpuaas image: every component is a verb of the `gpuaas` command (extender, autoscaler, metrics-api,
-# nodescaler); the manifests in deploy/ pass the verb and its flags as args.
+# nodescaler, gangs); the manifests in deploy/ pass the verb and its flags as args.
 #   docker build -t gpuaas:0.1.0 .
 FROM python:3.11-slim-bookworm
 
@@ -16,6 +16,7 @@ COPY runtime/ runtime/
 COPY extender/ extender/
 COPY autoscaler/ autoscaler/
 COPY nodescaler/ nodescaler/
+COPY gangs/ gangs/
 COPY gpuaas/ gpuaas/
 # The package and its runtime dependencies only: no extras (`test`: pytest, ruff, mypy; `plot`: matplotlib), which
 # tests/deploy/test_image.py checks.

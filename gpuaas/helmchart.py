@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from scoring.gangs import GROUP_LABELS
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 CHART = DEPLOY / "helm" / "gpuaas"
@@ -78,6 +80,13 @@ COMPONENTS = (
               scalars={"APIService": {"spec.caBundle": ".Values.metricsApi.apiService.caBundle | quote"}}),
     Component("nodescaler", "nodescaler", replicas=True,
               data={"gpuaas-nodescaler-config": {"nodescaler.yaml": 'include "gpuaas.nodescalerConfig" .'}}),
+    Component("gangs", "gangs", replicas=True,
+              data={"gpuaas-gangs-config": {"gangs.yaml": 'include "gpuaas.gangsConfig" .'}},
+              metadata={".Values.gangs.webhook.annotations": ("MutatingWebhookConfiguration", "annotations")},
+              # one webhook per group label, each with the CA of the webhook's serving certificate
+              scalars={"MutatingWebhookConfiguration": {
+                  ("webhooks", i, "clientConfig", "caBundle"): ".Values.gangs.webhook.caBundle | quote"
+                  for i in range(len(GROUP_LABELS))}}),
     Component("prometheus", "prometheusScrapeConfigs", namespace=".Values.prometheusScrapeConfigs.namespace"),
     Component("grafana", "grafanaDashboard", namespace=".Values.grafanaDashboard.namespace"),
 )

@@ -138,7 +138,7 @@ def test_the_image_values_reach_every_gpuaas_container():
                      "secondScheduler": {"image": "registry.example.com/kube-scheduler:v1.36.3"}})
     containers = [c for d in objs if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]]
     gpuaas = [c for c in containers if c["name"] != "kube-scheduler"]
-    assert len(gpuaas) == 4
+    assert len(gpuaas) == 5
     assert {(c["image"], c["imagePullPolicy"]) for c in gpuaas} == {("registry.example.com/gpuaas:1.2.3", "Always")}
     assert [c["image"] for c in containers if c["name"] == "kube-scheduler"] == [
         "registry.example.com/kube-scheduler:v1.36.3"]
@@ -251,3 +251,23 @@ def test_literal_braces_in_a_base_survive_the_template(tmp_path):
     [rendered] = [d for d in yaml.safe_load_all(out) if d]
     assert rendered["metadata"] == {"name": "s", "namespace": "elsewhere",
                                     "annotations": {"note": "{{ not an action }}"}}
+
+
+def test_gangs_webhook_ca_bundle_and_annotations_reach_every_webhook():
+    inject = {"cert-manager.io/inject-ca-from": "gpuaas-system/gpuaas-gangs-webhook"}
+    objs = template({"gangs": {"webhook": {"caBundle": "Q0E=", "annotations": inject}}})
+    [config] = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
+    assert config["metadata"]["annotations"] == inject
+    assert len(config["webhooks"]) == 3
+    assert all(w["clientConfig"]["caBundle"] == "Q0E=" for w in config["webhooks"])
+
+
+def test_gangs_in_another_release_namespace_keep_their_lease_and_leave_their_own_namespace_alone():
+    objs = template(namespace="gpu-platform")
+    configmaps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    gangs = yaml.safe_load(configmaps["gpuaas-gangs-config"]["data"]["gangs.yaml"])
+    assert gangs["leader_election"] == {"namespace": "gpu-platform", "name": "gpuaas-gangs"}
+    [config] = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
+    for w in config["webhooks"]:
+        assert w["clientConfig"]["service"]["namespace"] == "gpu-platform"
+        assert w["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "gpu-platform"]

@@ -22,7 +22,7 @@ DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # The test and plot extras: never a requirement of the package, never in the image.
 EXTRAS_ONLY = {"pytest", "pytest-timeout", "hypothesis", "matplotlib", "import-linter", "ruff", "mypy"}
-PACKAGES = ("scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas", "gpuaas.cluster",
+PACKAGES = ("scoring", "runtime", "extender", "autoscaler", "nodescaler", "gangs", "gpuaas", "gpuaas.cluster",
             "gpuaas.pools")
 
 
@@ -46,8 +46,9 @@ def copied_sources() -> list[str]:
 
 
 def tracked_package_files() -> list[str]:
-    """The files of the six packages in git: what the image must carry (sources and data)."""
-    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "nodescaler", "gpuaas"],
+    """The files of the seven packages in git: what the image must carry (sources and data)."""
+    listed = subprocess.run(["git", "ls-files", "scoring", "runtime", "extender", "autoscaler", "nodescaler", "gangs",
+                             "gpuaas"],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     return sorted(listed)
 
@@ -91,7 +92,7 @@ def test_the_installed_wheel_runs_every_command_deploy_starts_outside_the_reposi
     commands = sorted({d["spec"]["template"]["spec"]["containers"][0]["args"][0]
                        for d in render(DEPLOY / "overlays" / "all") if d["kind"] == "Deployment"
                        and d["spec"]["template"]["spec"]["containers"][0]["image"].startswith("gpuaas:")})
-    assert commands == ["autoscaler", "extender", "metrics-api", "nodescaler"]
+    assert commands == ["autoscaler", "extender", "gangs", "metrics-api", "nodescaler"]
     probe = f"""
 import contextlib, importlib, io, json, sys
 from gpuaas.cli import main

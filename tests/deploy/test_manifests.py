@@ -11,6 +11,8 @@ import yaml
 from autoscaler.config import load_autoscaler_config, load_metrics_api_config
 from extender.config import ENV_PREFIX, ExtenderConfig
 from extender.schedconfig import shipped_file
+from gangs.config import load_gangs_config
+from gangs.webhook import PATH, mutating_webhook_configuration
 from gpuaas.cli import build_parser
 from nodescaler.config import load_nodescaler_config
 from runtime.config import load_config
@@ -29,6 +31,7 @@ LOADERS = {
     "autoscaler": load_autoscaler_config,
     "metrics-api": load_metrics_api_config,
     "nodescaler": lambda p: load_nodescaler_config(p, environ={}),
+    "gangs": lambda p: load_gangs_config(p, environ={}),
 }
 
 
@@ -42,9 +45,9 @@ def gpuaas_containers(objs):
 
 def test_the_layout_has_the_overlays_the_docs_name():
     assert {p.name for p in OVERLAYS} >= {"second-scheduler", "default-scheduler", "autoscaling", "nodescaler",
-                                          "monitoring", "all"}
+                                          "gangs", "monitoring", "all"}
     assert {p.name for p in BASES} >= {"namespace", "extender", "second-scheduler", "autoscaler",
-                                       "custom-metrics-api", "nodescaler", "prometheus", "grafana"}
+                                       "custom-metrics-api", "nodescaler", "gangs", "prometheus", "grafana"}
 
 
 @pytest.mark.parametrize("path", BASES + OVERLAYS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -131,6 +134,12 @@ def nodescaler_lease(path):
     return config.leader_election.name
 
 
+def gangs_lease(path):
+    config = load_gangs_config(path / "gangs-config.yaml", environ={})
+    assert config.leader_election.namespace == NAMESPACE
+    return config.leader_election.name
+
+
 def second_scheduler_lease(path):
     election = yaml.safe_load((path / "scheduler-config.yaml").read_text())["leaderElection"]
     assert election["resourceNamespace"] == NAMESPACE
@@ -143,6 +152,7 @@ def second_scheduler_lease(path):
     ("nodescaler", "gpuaas-nodescaler-leader", nodescaler_lease),
     ("second-scheduler", "gpuaas-scheduler-leases", second_scheduler_lease),
     ("autoscaler", "gpuaas-autoscaler-leader", lambda _: "gpuaas-autoscaler"),
+    ("gangs", "gpuaas-gangs-leader", gangs_lease),
 ])
 def test_leader_election_may_touch_its_own_lease_only(base, role, lease):
     path = DEPLOY / "bases" / base
@@ -215,3 +225,44 @@ def test_only_kube_scheduler_and_prometheus_reach_the_extender():
     assert peers == [(None, {"app.kubernetes.io/name": "gpuaas-scheduler"}),
                      ({"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
                       {"app.kubernetes.io/name": "prometheus"})]
+
+
+GANGS = DEPLOY / "bases" / "gangs"
+
+
+def test_the_gangs_webhook_is_what_the_component_registers_pointed_at_its_service():
+    """One webhook per group label with the selectors, rules and failurePolicy gangs.webhook makes (the local cluster
+    registers the same for a URL), reaching the Service's port 443 at the webhook's path."""
+    [shipped] = objects(GANGS, "MutatingWebhookConfiguration")
+    service = named(GANGS, "Service", "gpuaas-gangs-webhook")
+    client_config = {"service": {"name": service["metadata"]["name"], "namespace": NAMESPACE, "path": PATH,
+                                 "port": 443}, "caBundle": ""}
+    assert shipped == mutating_webhook_configuration(client_config)
+    assert [p["port"] for p in service["spec"]["ports"]] == [443]
+
+
+def test_the_gangs_webhook_service_reaches_the_port_the_config_serves_with_the_mounted_certificate():
+    deployment = named(GANGS, "Deployment", "gpuaas-gangs")
+    service = named(GANGS, "Service", "gpuaas-gangs-webhook")
+    config_map = next(o for o in objects(GANGS, "ConfigMap") if o["metadata"]["name"].startswith("gpuaas-gangs-config"))
+    config = load_gangs_config(None, environ={}, overrides=yaml.safe_load(config_map["data"]["gangs.yaml"]))
+    assert config.webhook is not None
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    [port] = service["spec"]["ports"]
+    assert ports[port["targetPort"]] == config.webhook.port
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    mounts = _mounts(deployment)
+    for file in (config.webhook.cert_file, config.webhook.key_file):
+        assert mounts[str(file.parent)] == "gpuaas-gangs-webhook-tls"
+    # More than one replica answers: failurePolicy Fail refuses group members while none does.
+    assert deployment["spec"]["replicas"] >= 2
+    assert named(GANGS, "PodDisruptionBudget", "gpuaas-gangs")["spec"]["maxUnavailable"] == 1
+
+
+def test_the_gangs_rbac_is_what_the_controller_does_and_no_more():
+    role = named(GANGS, "ClusterRole", "gpuaas-gangs")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {(("",), ("pods",)): {"get", "list", "watch", "patch", "delete"},
+                     (("",), ("nodes",)): {"list", "watch"},
+                     (("",), ("events",)): {"create"}}

@@ -14,3 +14,10 @@
 {{- $election := mergeOverwrite (default (dict) $config.leader_election) (dict "namespace" .Release.Namespace) }}
 {{- toYaml (set $config "leader_election" $election) }}
 {{- end }}
+
+{{/* The gang controller's config file. Its Lease lives in the release namespace: that is where its Role grants it. */}}
+{{- define "gpuaas.gangsConfig" -}}
+{{- $config := deepCopy .Values.gangs.config }}
+{{- $election := mergeOverwrite (default (dict) $config.leader_election) (dict "namespace" .Release.Namespace) }}
+{{- toYaml (set $config "leader_election" $election) }}
+{{- end }}
