@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
-from runtime.leader import LeaderElector, write_timeout
+from runtime.leader import component_elector
 from scoring.clusterview import ClusterView
 from scoring.gangs import GROUP_LABELS, NodeFacts, gates
 
@@ -51,11 +51,8 @@ class Service:
         self.kubeconfig = kubeconfig
         self.api = api_client(kubeconfig)
         self.metrics = Metrics()
-        le = config.leader_election
-        self.elector = LeaderElector.from_config(self.api, le, identity=identity, kubeconfig=kubeconfig,
-                                                 on_change=self._leadership_changed) if le.enabled else None
-        self.write_timeout = self.elector.write_timeout if self.elector else write_timeout(le.renew_deadline_s,
-                                                                                             le.retry_period_s)
+        self.elector, self.write_timeout = component_elector(self.api, config.leader_election, identity=identity,
+                                                             kubeconfig=kubeconfig, on_change=self._leadership_changed)
         self.pods = KubePods(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
         self.controller = GangController(config.settings(), self.pods, self.metrics)
         self.view = ClusterView(config.policy)

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 
 
@@ -27,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_nodescaler(args: argparse.Namespace) -> int:
     from runtime.config import ConfigError
+    from runtime.lifecycle import run_until_signalled
     from runtime.logs import setup_logging
 
     from .config import load_nodescaler_config
@@ -39,12 +38,6 @@ def cmd_nodescaler(args: argparse.Namespace) -> int:
         print(f"gpuaas nodescaler: refusing to start:\n{exc}", file=sys.stderr)
         return 2
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await Service(config, args.kubeconfig, identity=args.identity).run(args.host, args.port, stop)
-
-    asyncio.run(main())
+    service = Service(config, args.kubeconfig, identity=args.identity)
+    run_until_signalled(lambda stop: service.run(args.host, args.port, stop))
     return 0

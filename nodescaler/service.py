@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
-from runtime.leader import LeaderElector, write_timeout
+from runtime.leader import component_elector
 from scoring.clusterview import ClusterView
 
 from .config import NodeScalerConfig
@@ -37,12 +37,8 @@ class Service:
         self.kubeconfig = kubeconfig
         self.api = api_client(kubeconfig)
         self.metrics = Metrics()
-        le = config.leader_election
-        self.elector = LeaderElector.from_config(self.api, le, identity=identity, kubeconfig=kubeconfig,
-                                                 on_change=self._leadership_changed) if le.enabled else None
-        # Every write is bounded by a request timeout and starts only while the lease is ours for at least that long.
-        self.write_timeout = self.elector.write_timeout if self.elector else write_timeout(le.renew_deadline_s,
-                                                                                             le.retry_period_s)
+        self.elector, self.write_timeout = component_elector(self.api, config.leader_election, identity=identity,
+                                                             kubeconfig=kubeconfig, on_change=self._leadership_changed)
         self.cluster = KubeCluster(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
         self.scaler = NodeScaler(config, self._no_snapshot, self.cluster,
                                  KwokProvider(self.api, request_timeout=self.write_timeout, may_act=self.may_write),

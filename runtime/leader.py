@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -93,6 +94,17 @@ class LeaderElectionConfig(BaseModel):
 def write_timeout(renew_deadline_s: float, retry_period_s: float) -> float:
     """See `LeaderElector.write_timeout`; for components that run without an elector, from the same config."""
     return (renew_deadline_s - retry_period_s) / 2
+
+
+def component_elector(api: Any, config: LeaderElectionConfig, *, identity: str | None,
+                      kubeconfig: str | Path | None, on_change: Callable[[bool], None]
+                      ) -> tuple[LeaderElector | None, float]:
+    """A controller's elector (None with leader election off: one replica only) and the timeout that bounds each of
+    its writes, which start only while the lease is still ours for at least that long."""
+    if not config.enabled:
+        return None, write_timeout(config.renew_deadline_s, config.retry_period_s)
+    elector = LeaderElector.from_config(api, config, identity=identity, kubeconfig=kubeconfig, on_change=on_change)
+    return elector, elector.write_timeout
 
 
 def _micro(t: float) -> str:

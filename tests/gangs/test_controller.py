@@ -1,8 +1,7 @@
 """The gang controller's reconcile on a recording PodWriter: the commands a decision turns into, in order."""
+from gangs.controller import GangController, read_members
 from scoring.gangs import GANG_GATE, KUEUE_GATE, RELEASED_ANNOTATION, GangSettings, NodeFacts
 from scoring.model import ClusterState, NodeSpec
-
-from gangs.controller import GangController, read_members
 
 SETTINGS = GangSettings(policy="bestfit", time_limit_s=2.0, bind_timeout_s=60.0, reserve_after_s=300.0)
 
