@@ -267,7 +267,7 @@ class KubePods:
 
     def pin(self, key: str, uid: str, hostname: str, released_at: float) -> bool:
         ns, name = key.split("/", 1)
-        patch = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        patch: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
         pod = self._read(key)
         if pod is None or pod["metadata"].get("uid") != uid or GANG_GATE not in gates(pod):
             return False

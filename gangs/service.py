@@ -60,6 +60,7 @@ class Service:
         self.informers: list[Informer] = []
         self.reconciles = 0
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._reload: asyncio.Task[None] | None = None
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
@@ -130,6 +131,12 @@ class Service:
             ready = Informer.readiness(self.informers, self.config.max_watch_stale_s)
             return web.Response(text=ready.text, status=200 if ready else 503)
 
+        async def webhook_ready(_: web.Request) -> web.Response:
+            # What the webhook Service's endpoints follow: the webhook needs no watch, and with failurePolicy Fail a
+            # replica taken out for a stale watch would refuse the creation of every group member; a stale
+            # controller stops releasing gangs by itself (the loop checks the watches).
+            return web.Response(text="ok")
+
         async def explain(request: web.Request) -> web.Response:
             key = request.query.get("pod", "")
             if key.count("/") != 1 or not all(key.split("/")):
@@ -142,7 +149,8 @@ class Service:
 
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz),
-                        web.get("/explain", explain), web.get("/gangs", gangs)])
+                        web.get("/webhook-ready", webhook_ready), web.get("/explain", explain),
+                        web.get("/gangs", gangs)])
         return app
 
     async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
@@ -173,15 +181,20 @@ class Service:
         if self.elector is not None:
             await asyncio.to_thread(self.elector.release)
         if webhook_runner is not None:
+            if self._reload is not None:
+                self._reload.cancel()
             await webhook_runner.cleanup()
         await runner.cleanup()
 
     async def _start_webhook(self, host: str) -> web.AppRunner | None:
         if self.config.webhook is None:
             return None
-        from .webhook import ssl_context, webhook_app
+        from .webhook import reload_certificate, ssl_context, webhook_app
 
         runner = web.AppRunner(webhook_app(self.metrics.registry))
         await runner.setup()
-        await web.TCPSite(runner, host, self.config.webhook.port, ssl_context=ssl_context(self.config.webhook)).start()
+        ctx = ssl_context(self.config.webhook)
+        await web.TCPSite(runner, host, self.config.webhook.port, ssl_context=ctx).start()
+        # A renewed certificate (cert-manager, a rotated Secret) is served without a restart.
+        self._reload = asyncio.create_task(reload_certificate(ctx, self.config.webhook))
         return runner
