@@ -52,9 +52,16 @@ def cluster() -> list[dict]:
             + mig_nodes("mig", 2) + changing)
 
 
-@pytest.mark.parametrize("seed, count", [(1, 115), (2, 115), (2, 140), (3, 140)])  # 140: more than fits
-def test_the_node_scalers_what_if_places_every_pod_where_the_extender_would(seed, count):
-    node_objs, pods = cluster(), trace_slice(seed, count)
+def time_sliced() -> list[dict]:
+    """Six T4 nodes of 2 GPUs, each time-sliced into 4 replicas (issue 16): one-GPU pods take replicas there, shares
+    do not fit."""
+    return nodes("t4x2", 6, {"gpu": {"model": "T4", "count": 2, "replicas": 4}, "cpu": "32", "memory": "128Gi"})
+
+
+@pytest.mark.parametrize("seed, count, sliced", [(1, 115, False), (2, 115, False), (2, 140, False), (3, 140, False),
+                                                 (1, 130, True), (3, 200, True)])  # 140, 200: more than fits
+def test_the_node_scalers_what_if_places_every_pod_where_the_extender_would(seed, count, sliced):
+    node_objs, pods = cluster() + (time_sliced() if sliced else []), trace_slice(seed, count)
     by_key = {pod_key(p): p for p in pods}
 
     snap = build_snapshot(node_objs, pods, [], T0)
@@ -83,3 +90,5 @@ def test_the_node_scalers_what_if_places_every_pod_where_the_extender_would(seed
     shapes = {(p.demand.gpus, p.demand.gpu_milli, p.demand.mig_profile) for p, _ in placed}
     assert len(placed) >= 60 and len(shapes) >= 5  # a mixed slice, not a trivial one
     assert count < 140 or len(left) >= 20  # and pods that fit nowhere, for both
+    if sliced:  # and replicas taken on the time-sliced nodes
+        assert any(picks[p.key] and picks[p.key].startswith("t4x2-") for p, _ in placed)
