@@ -6,7 +6,8 @@
    after the shuffled trace;
 3. pods are scheduled one at a time, never depart; a pod that fits nowhere fails and is skipped;
 4. after every pod the arrived GPU request and the allocated GPU share are recorded; the curve at k% is the mean
-   allocation ratio over records whose arrived ratio rounds to k (else within k +- 1), to two decimals.
+   allocation ratio over records whose arrived ratio rounds to k (else within k +- 1), to two decimals. A pod placed
+   on a time-sliced node is allocated its replicas' share (scoring.model), whatever it asked for.
 
 Pure: the caller supplies nodes and pods and gets numbers back; `progress` is an optional callback(done, total).
 """
