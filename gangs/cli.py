@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz, /explain, /gangs")
     p.add_argument("--port", type=int, default=8091)
     p.add_argument("--identity", help="leader-election identity (default: $POD_NAME or hostname, plus a random suffix)")
-    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.add_argument("--log-format", choices=("json", "text"), help="default: the config's log_format (json)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_gangs)
 
@@ -28,12 +28,12 @@ def cmd_gangs(args: argparse.Namespace) -> int:
     from .config import load_gangs_config
     from .service import Service
 
-    setup_logging("DEBUG" if args.verbose else "INFO", args.log_format)
     try:
         config = load_gangs_config(args.config)
     except ConfigError as exc:
         print(f"gpuaas gangs: refusing to start:\n{exc}", file=sys.stderr)
         return 2
+    setup_logging("DEBUG" if args.verbose else "INFO", args.log_format or config.log_format)
 
     service = Service(config, args.kubeconfig, identity=args.identity)
     run_until_signalled(lambda stop: service.run(args.host, args.port, stop))

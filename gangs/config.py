@@ -46,8 +46,10 @@ class GangsConfig(_Strict):
                                           "created with the gate gpuaas.io/gang)")
     max_watch_stale_s: float = Field(default=60.0, gt=0, description="/readyz fails, and no gang is released, once a "
                                      "watch has been broken this long")
-    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
-    log_format: Literal["json", "text"] = "json"
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig, description="one replica "
+                                                  "plans and writes at a time; every replica answers the webhook")
+    log_format: Literal["json", "text"] = Field(default="json", description="JSON lines, or text for humans "
+                                                "(`--log-format` overrides it)")
 
     def model_post_init(self, _context: Any) -> None:
         known_policy(self.policy)

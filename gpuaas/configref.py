@@ -228,6 +228,8 @@ def config_docs() -> list[ConfigDoc]:
     from autoscaler.config import AutoscalerConfig, MetricsApiConfig
     from extender.config import ENV_PREFIX as EXTENDER_ENV
     from extender.config import ExtenderConfig
+    from gangs.config import ENV_PREFIX as GANGS_ENV
+    from gangs.config import GangsConfig
     from nodescaler.config import ENV_PREFIX as NODESCALER_ENV
     from nodescaler.config import NodeScalerConfig
     from runtime.pools import PoolSpec
@@ -265,6 +267,13 @@ def config_docs() -> list[ConfigDoc]:
                   "scale_in: {utilization_threshold: 0.5, unneeded_s: 600}\n"
                   "leader_election: {namespace: gpuaas-system}\n",
                   "nodescaler", env_prefix=NODESCALER_ENV, verb="nodescaler"),
+        ConfigDoc("Gang controller", GangsConfig,
+                  "`gpuaas gangs --config FILE` (`gangs/config.py`; [gangs](gangs.md)). Read from the file "
+                  f"(optional), then from `{GANGS_ENV}*` environment variables.",
+                  "interval_s: 2\nbind_timeout_s: 120\nreserve_after_s: 300\n"
+                  "webhook: {port: 8443, cert_file: /etc/gpuaas/tls/tls.crt, key_file: /etc/gpuaas/tls/tls.key}\n"
+                  "leader_election: {namespace: gpuaas-system}\n",
+                  "gangs", env_prefix=GANGS_ENV, verb="gangs"),
         ConfigDoc("Pool spec", PoolSpec,
                   "`gpuaas cluster up --pools FILE` and `gpuaas demo --pools FILE` (`runtime/pools.py`): the "
                   "GPU node pools of a local KWOK cluster; `gpuaas/pools/*.yaml` are the built-in ones. Keys are "
@@ -287,8 +296,8 @@ OTHER_ENVIRONMENT = (
      "where the control-plane binaries are; `scripts/setup.sh` writes them to `$GPUAAS_CACHE/env`, and variables "
      "of the same names override that file"),
     ("GPUAAS_VENV", "`scripts/setup.sh`", "written to `$GPUAAS_CACHE/env`: the Python environment setup made"),
-    ("POD_NAME", "`gpuaas nodescaler`", "leader-election identity (plus a random suffix); the Deployment sets it "
-     "from `metadata.name`; else the hostname"),
+    ("POD_NAME", "`gpuaas nodescaler`, `gpuaas gangs`", "leader-election identity (plus a random suffix); the "
+     "Deployment sets it from `metadata.name`; else the hostname"),
 )
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from autoscaler.config import load_autoscaler_config, load_metrics_api_config
 from extender.config import ENV_PREFIX as EXTENDER_ENV
 from extender.config import ExtenderConfig
+from gangs.config import load_gangs_config
 from gpuaas import configref
 from gpuaas.cli import main
 from nodescaler.config import load_nodescaler_config
@@ -93,6 +94,7 @@ EXAMPLE_LOADERS = {
     "autoscaler": load_autoscaler_config,
     "metrics-api": load_metrics_api_config,
     "nodescaler": lambda p: load_nodescaler_config(p, environ={}),
+    "gangs": lambda p: load_gangs_config(p, environ={}),
     "pools": load_pool_spec,
     "kubernetes": _manifests,
     "prometheus-rules": _prometheus_rules,
@@ -126,7 +128,7 @@ EXAMPLES = yaml_examples()
 
 def test_docs_have_config_examples():
     kinds = {kind for _, _, kind, _ in EXAMPLES}
-    assert {"extender", "autoscaler", "metrics-api", "nodescaler", "pools"} <= kinds
+    assert {"extender", "autoscaler", "metrics-api", "nodescaler", "gangs", "pools"} <= kinds
 
 
 @pytest.mark.parametrize("where,line,kind,text", EXAMPLES, ids=[f"{f}:{n}" for f, n, _, _ in EXAMPLES])
