@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,16 +32,19 @@ from scoring.gangs import (
     gates,
     group_of,
     member,
+    solo_group,
 )
 from scoring.kubeobjects import ObjectError, pod_key
-from scoring.model import ClusterState
+from scoring.model import ClusterState, PodDemand
 
+from .dra import Allocate, Assumed, ClaimWriter, DraInputs, DraRound, allocations, claim_assumption, cleanup, prepare
 from .metrics import Metrics
 
 log = logging.getLogger("gpuaas.gangs")
 
 Obj = dict[str, Any]
 COMPONENT = "gpuaas-gangs"
+DRA_SHAPES = 5000  # pods whose claims' demand is remembered for the learned workload (the view's window)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Note:
     message: str
 
 
-Command = Pin | Ungate | Delete | Note
+Command = Pin | Ungate | Delete | Note | Allocate
 
 
 class PodWriter(Protocol):
@@ -105,18 +108,33 @@ class Members:
     uids: dict[str, str] = field(default_factory=dict)
 
 
-def read_members(pods: Iterable[Obj]) -> Members:
-    """The gangs of the pods that are in a group and not finished."""
+def read_members(pods: Iterable[Obj], dra: DraRound | None = None) -> Members:
+    """The gangs of the pods that are in a group and not finished; with `dra`, also each pod gpuaas allocates DRA
+    claims for and holds (gated or released) as a gang of one, and every such member's demand is what its claims
+    still ask, pinned to the node its allocated claims hold it to (gangs.dra)."""
     out = Members()
     for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels")
-        if not labels or finished(pod):
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels")
+        if (not labels and dra is None) or finished(pod):
             continue
+        key = pod_key(pod)
         try:
-            ref = group_of(pod)
+            ref = group_of(pod) if labels else None
+            claims = dra.pods.get(key) if dra is not None else None
+            held = GANG_GATE in gates(pod) or RELEASED_ANNOTATION in (meta.get("annotations") or {})
+            if ref is None and dra is not None and held and (key in dra.errors or key in dra.waiting or claims):
+                ref = solo_group(pod)
             if ref is None:
                 continue
-            m = member(pod, created_at(pod))
+            if dra is not None and (key in dra.errors or key in dra.waiting):
+                out.unreadable[key] = dra.errors.get(key) or dra.waiting[key]
+                continue
+            if claims is not None and dra is not None:
+                m = member(pod, created_at(pod), demand=claims.demand, pinned=dra.pinned(key),
+                           nodes=dra.nodes.get(key))
+            else:
+                m = member(pod, created_at(pod))
         except (GroupError, ObjectError, ValueError) as err:
             out.unreadable[pod_key(pod)] = str(err)
             continue
@@ -127,14 +145,16 @@ def read_members(pods: Iterable[Obj]) -> Members:
 
 
 def commands(decisions: Sequence[GangDecision], members: Members, now: float,
-             told: dict[str, str]) -> list[Command]:
+             told: dict[str, str], allocations: Mapping[str, Sequence[Allocate]] | None = None) -> list[Command]:
     """What carries the decisions out. `told` (gang -> the message last noted on its members) is updated, so that a
-    waiting gang's reason is noted when it changes, not every round."""
+    waiting gang's reason is noted when it changes, not every round. `allocations`: per released gang, its members'
+    DRA claims to allocate, before any member is pinned."""
     out: list[Command] = []
     for d in decisions:
         gang = members.gangs[d.gang]
         by_key = {m.key: m for m in gang.members}
         if d.action == "release":
+            out += list((allocations or {}).get(d.gang, ()))
             out += [Pin(k, by_key[k].uid, host, now) for k, host in d.pins]
             out += [Ungate(k, by_key[k].uid) for k, _ in d.pins]
             out += [Note(k, by_key[k].uid, "Normal", "GangReleased", f"gang {d.gang}: {d.message}") for k, _ in d.pins]
@@ -165,32 +185,69 @@ class Report:
     waiting: dict[str, str] = field(default_factory=dict)
     reset: list[str] = field(default_factory=list)
     failed_writes: int = 0
+    allocated: int = 0  # DRA claims allocated
+    deallocated: int = 0  # DRA allocations cleared (no pod will use them)
+    dra_errors: int = 0  # devices held twice or more (allocations made past gpuaas)
 
 
 class GangController:
     """Plans the waiting gangs and carries the decisions out through `writer`."""
 
-    def __init__(self, settings: GangSettings, writer: PodWriter, metrics: Metrics | None = None):
+    def __init__(self, settings: GangSettings, writer: PodWriter, metrics: Metrics | None = None, *,
+                 claims: ClaimWriter | None = None):
         self.settings = settings
         self.writer = writer
         self.metrics = metrics
+        self.claims = claims  # allocates DRA claims (gangs.dra); None: pods' claims are kube-scheduler's
+        self.assumed: dict[str, Assumed] = {}  # claim key -> an allocation written, until the informer shows it
+        self.dra_shapes: dict[str, PodDemand] = {}  # pod key -> what its claims ask, for the learned workload
         self.told: dict[str, str] = {}
         self.last: dict[str, GangDecision] = {}  # gang -> its last decision, for /explain
         self.gang_of: dict[str, str] = {}  # member pod key -> gang
         self.unreadable: dict[str, str] = {}
 
     def reconcile(self, state: ClusterState, facts: Sequence[NodeFacts], pods: Iterable[Obj], now: float,
-                  workload: Workload | None = None) -> Report:
-        members = read_members(pods)
+                  workload: Workload | None = None, dra: DraInputs | None = None) -> Report:
+        pods = list(pods)
+        rnd = None
+        if dra is not None and self.claims is not None:
+            rnd = prepare(state, facts, pods, dra, self.assumed, now)
+            state = rnd.model.state
+            self._remember_shapes(rnd)
+        members = read_members(pods, rnd)
         decisions = decide(state, facts, list(members.gangs.values()), now, self.settings, workload)
+        writes: dict[str, list[Allocate]] = {}
+        if rnd is not None:
+            writes, unplaceable = allocations(decisions, rnd, members.uids, now)
+            decisions = [GangDecision(d.gang, "wait", unplaceable[d.gang], (), d.members) if d.gang in unplaceable
+                         else d for d in decisions]
         self.last = {d.gang: d for d in decisions}
         self.gang_of = {m.key: g.ref.key for g in members.gangs.values() for m in g.members}
         self.unreadable = members.unreadable
         report = Report()
         pins_failed: set[str] = set()
+        not_allocated: set[str] = set()  # gangs a claim of which could not be allocated: no pin, no release
+        written: dict[str, list[Allocate]] = {}
         gang_of_key = self.gang_of
-        for c in commands(decisions, members, now, self.told):
-            if isinstance(c, Pin):
+        for c in commands(decisions, members, now, self.told, writes):
+            if isinstance(c, Allocate):
+                if c.gang in not_allocated:
+                    continue
+                if self.claims is not None and self.claims.allocate(c.claim, c.uid, c.allocation, c.pod_uid):
+                    written.setdefault(c.gang, []).append(c)
+                    self.assumed[c.claim] = claim_assumption(c, now)
+                    report.allocated += 1
+                    continue
+                report.failed_writes += 1
+                not_allocated.add(c.gang)
+                pins_failed.add(c.gang)
+                for w in written.pop(c.gang, []):  # all or nothing: what this gang got this round goes back
+                    self.assumed.pop(w.claim, None)
+                    if self.claims is not None and not self.claims.deallocate(w.claim, w.uid):
+                        report.failed_writes += 1
+            elif isinstance(c, Pin):
+                if c.key in gang_of_key and gang_of_key[c.key] in not_allocated:
+                    continue
                 if not self.writer.pin(c.key, c.uid, c.hostname, c.released_at):
                     pins_failed.add(gang_of_key[c.key])
                     report.failed_writes += 1
@@ -204,6 +261,8 @@ class GangController:
                     report.failed_writes += 1
             else:
                 self.writer.note(c.key, c.uid, c.type_, c.reason, c.message)
+        if rnd is not None and dra is not None:
+            self._dra_housekeeping(rnd, dra, decisions, now, report)
         for d in decisions:
             if d.action == "release" and d.gang not in pins_failed:
                 report.released.append(d.gang)
@@ -214,6 +273,27 @@ class GangController:
         if self.metrics is not None:
             self.metrics.observe(report)
         return report
+
+    def _remember_shapes(self, rnd: DraRound) -> None:
+        for key, claims in rnd.pods.items():
+            if claims.demand.gpus and key not in self.dra_shapes:
+                self.dra_shapes[key] = claims.demand
+        while len(self.dra_shapes) > DRA_SHAPES:
+            self.dra_shapes.pop(next(iter(self.dra_shapes)))
+
+    def _dra_housekeeping(self, rnd: DraRound, dra: DraInputs, decisions: Sequence[GangDecision], now: float,
+                          report: Report) -> None:
+        """Pods gated for other drivers' claims let go; allocations no pod will use cleared (gangs.dra)."""
+        for r in rnd.release:
+            if not self.writer.ungate(r.key, r.uid):
+                report.failed_writes += 1
+        for d in cleanup(rnd, dra, decisions, self.gang_of, now, self.settings.bind_timeout_s):
+            log.info("deallocating %s: %s", d.claim, d.reason)
+            if self.claims is not None and self.claims.deallocate(d.claim, d.uid):
+                report.deallocated += 1
+            else:
+                report.failed_writes += 1
+        report.dra_errors = len(rnd.model.errors)
 
     def explain(self, key: str) -> dict[str, Any]:
         """Why the pod `key` (namespace/name) is where it is, as far as gangs go."""

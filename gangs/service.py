@@ -1,7 +1,9 @@
 """`gpuaas gangs` as a process: informers on Nodes and Pods feed the live model (scoring.clusterview, as in the
-extender); a loop plans the waiting gangs every `interval_s`, and at once (after a 0.2 s batching pause) when a group
-member arrives or loses a gate; a Lease elector decides whether this replica may write; /metrics, /healthz, /readyz,
-/explain and /gangs on a small aiohttp app; the admission webhook on its own HTTPS site when configured.
+extender), and, where the cluster serves resource.k8s.io/v1, informers on ResourceSlices and ResourceClaims feed the
+DRA nodes and the claims gpuaas allocates (gangs.dra); a loop plans the waiting gangs every `interval_s`, and at once
+(after a 0.2 s batching pause) when a group member or a pod with claims arrives or loses a gate, or a claim changes; a
+Lease elector decides whether this replica may write; /metrics, /healthz, /readyz, /explain and /gangs on a small
+aiohttp app; the admission webhook on its own HTTPS site when configured.
 
 The informers' stores and the model belong to the event loop's thread; the reconcile runs in a worker thread on
 copies of them.
@@ -22,19 +24,37 @@ from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
 from runtime.leader import component_elector
 from scoring.clusterview import ClusterView
+from scoring.fragmentation import Workload
 from scoring.gangs import GROUP_LABELS, NodeFacts, gates
 
 from .config import GangsConfig
-from .controller import GangController, KubePods
+from .controller import GangController, KubePods, finished
+from .dra import DraInputs, KubeClaims, wanted_pod
 from .metrics import Metrics
 
 log = logging.getLogger("gpuaas.gangs")
 BATCH_S = 0.2
+DRA_API = "/apis/resource.k8s.io/v1"
 
 
 def _group_member(pod: dict[str, Any] | None) -> bool:
     labels = ((pod or {}).get("metadata") or {}).get("labels") or {}
     return any(k in labels for k in GROUP_LABELS)
+
+
+def _allocation_moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """A claim arrived or went, or its allocation changed: worth planning again at once."""
+    if old is None or new is None:
+        return True
+    return (old.get("status") or {}).get("allocation") != (new.get("status") or {}).get("allocation")
+
+
+def _worth_planning(kind: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    if kind == "Pod":
+        return (_group_member(new) or _group_member(old) or wanted_pod(new) or wanted_pod(old)) and _moved(old, new)
+    if kind == "ResourceClaim":
+        return _allocation_moved(old, new)
+    return kind == "ResourceSlice" and (old is None or new is None)
 
 
 def _moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
@@ -54,10 +74,12 @@ class Service:
         self.elector, self.write_timeout = component_elector(self.api, config.leader_election, identity=identity,
                                                              kubeconfig=kubeconfig, on_change=self._leadership_changed)
         self.pods = KubePods(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
-        self.controller = GangController(config.settings(), self.pods, self.metrics)
+        self.claims = KubeClaims(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
+        self.controller = GangController(config.settings(), self.pods, self.metrics, claims=self.claims)
         self.view = ClusterView(config.policy)
         self.trigger = asyncio.Event()
         self.informers: list[Informer] = []
+        self.dra_informers: dict[str, Informer] = {}  # kind -> informer, where the cluster serves resource.k8s.io/v1
         self.reconciles = 0
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._reload: asyncio.Task[None] | None = None
@@ -80,15 +102,31 @@ class Service:
         except Exception:  # one unreadable object must not make the informer relist everything
             log.exception("ignoring a %s change that could not be applied", kind)
             self.view._dirty = True
-        if kind == "Pod" and (_group_member(new) or _group_member(old)) and _moved(old, new):
+        if _worth_planning(kind, old, new):
             self.trigger.set()
 
-    def _inputs(self) -> tuple[Any, list[NodeFacts], list[dict[str, Any]], Any]:
+    def _inputs(self) -> tuple[Any, list[NodeFacts], list[dict[str, Any]], Any, DraInputs | None]:
         """Copies of what a reconcile decides on, taken on the event loop's thread."""
         state, _ = self.view.snapshot()
         facts = [NodeFacts.of(self.view.nodes[name]) for name in state.names]
-        pods = [p for p in self.informers[1].store.values() if _group_member(p)]
-        return state.copy(), facts, pods, self.view.workload()
+        pods = [p for p in self.informers[1].store.values() if _group_member(p) or wanted_pod(p)]
+        workload = self.view.workload()
+        dra = None
+        if self.dra_informers:
+            dra = DraInputs(list(self.dra_informers["ResourceSlice"].store.values()),
+                            list(self.dra_informers["ResourceClaim"].store.values()), dict(self.view.nodes),
+                            frozenset(p["metadata"].get("uid", "") for p in self.informers[1].store.values()
+                                      if not finished(p)))
+            workload = self._with_dra_shapes(workload)
+        return state.copy(), facts, pods, workload, dra
+
+    def _with_dra_shapes(self, workload: Workload) -> Workload:
+        """The learned workload with the GPUs DRA pods ask through their claims (the view reads pods alone, and sees
+        them as CPU-only pods)."""
+        shapes = self.controller.dra_shapes
+        if not shapes or self.view.fixed_workload is not None:
+            return workload
+        return Workload.typical([shapes.get(k, d) for k, d in self.view.recent.items()])
 
     async def _loop(self, stop: asyncio.Event) -> None:
         for inf in self.informers:
@@ -108,16 +146,18 @@ class Service:
                 continue
             started = time.perf_counter()
             try:
-                state, facts, pods, workload = self._inputs()
-                report = await asyncio.to_thread(self.controller.reconcile, state, facts, pods, time.time(), workload)
+                state, facts, pods, workload, dra = self._inputs()
+                report = await asyncio.to_thread(self.controller.reconcile, state, facts, pods, time.time(), workload,
+                                                 dra)
             except Exception:
                 log.exception("reconcile failed")
                 continue
             self.metrics.reconcile.observe(time.perf_counter() - started)
             self.reconciles += 1
-            if report.released or report.reset:
+            if report.released or report.reset or report.deallocated:
                 log.info("gangs", extra={"released": report.released, "reset": report.reset,
-                                         "waiting": len(report.waiting)})
+                                         "waiting": len(report.waiting), "claims_allocated": report.allocated,
+                                         "claims_deallocated": report.deallocated})
 
     def app(self) -> web.Application:
         async def metrics(_: web.Request) -> web.Response:
@@ -169,6 +209,14 @@ class Service:
                 Informer(endpoint, "/api/v1/nodes", kind="Node", on_change=self._on_change),
                 Informer(endpoint, "/api/v1/pods", kind="Pod", on_change=self._on_change),
             ]
+            if await asyncio.to_thread(self._serves_dra):
+                self.dra_informers = {
+                    "ResourceSlice": Informer(endpoint, f"{DRA_API}/resourceslices", kind="ResourceSlice",
+                                              on_change=self._on_change),
+                    "ResourceClaim": Informer(endpoint, f"{DRA_API}/resourceclaims", kind="ResourceClaim",
+                                              on_change=self._on_change),
+                }
+                self.informers += list(self.dra_informers.values())
             tasks = [asyncio.create_task(i.run(session)) for i in self.informers]
             loop_task = asyncio.create_task(self._loop(stop))
             await stop.wait()
@@ -185,6 +233,20 @@ class Service:
                 self._reload.cancel()
             await webhook_runner.cleanup()
         await runner.cleanup()
+
+    def _serves_dra(self) -> bool:
+        """Whether the cluster serves resource.k8s.io/v1 (Kubernetes 1.34 on): without it no claim is gpuaas's."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            client.ResourceV1Api(self.api).get_api_resources(_request_timeout=self.write_timeout or 30)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                log.info("resource.k8s.io/v1 not served: DRA claims are left to kube-scheduler")
+                return False
+            raise
 
     async def _start_webhook(self, host: str) -> web.AppRunner | None:
         if self.config.webhook is None:

@@ -8,10 +8,13 @@ the gang controller has planned its whole group, pinned each member to its node 
 What it answers, for a Pod CREATE:
 
     a member without the gate and not bound (no spec.nodeName)  allowed, with a JSONPatch that adds the gate
+    a pod in no group with spec.resourceClaims, not bound        the same: gpuaas allocates the DRA claims of its
+                                                                 device classes and releases it as a gang of one;
+                                                                 it lets other drivers' claims go (gangs.dra)
     a member already gated, or created bound                     allowed as is (a pod with spec.nodeName cannot carry
                                                                  a gate: it bypasses the scheduler, and the gang)
-    a pod in no group                                            allowed as is (the shipped configuration's object
-                                                                 selectors keep them from reaching the webhook at all)
+    a pod in no group and without claims                         allowed as is (the shipped configuration's selectors
+                                                                 keep them from reaching the webhook at all)
     a pod whose group cannot be read (GroupError)                refused with code 400 and the error's message, which
                                                                  `kubectl apply` shows: the label or annotation to fix
     anything else (another kind, another operation)              allowed as is
@@ -44,6 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.config import describe_errors
+from scoring.draclaims import has_claims
 from scoring.gangs import GANG_GATE, GROUP_LABELS, GroupError, group_of
 
 from .config import WebhookConfig
@@ -170,15 +174,16 @@ def review(request: AdmissionRequest) -> Answer:
     except GroupError as err:
         log.info("refused a group member", extra={"pod": _pod_name(pod, request.namespace), "error": str(err)})
         return Answer("refused", allowed=False, message=f"gpuaas gangs: {err}")
-    if group is None:
+    if group is None and not has_claims(request.object):
         return Answer("not-a-member")
     if any(g.name == GANG_GATE for g in pod.spec.schedulingGates or ()):
         return Answer("already-gated")
     if pod.spec.nodeName:
+        what = f"this member of group {group.name} skips the scheduler and is not placed with its gang" if group \
+            else "this pod's ResourceClaims are not allocated by gpuaas"
         return Answer("bound-at-creation", warnings=(
-            f"spec.nodeName is set: this member of group {group.name} skips the scheduler and is not placed with its "
-            f"gang (gpuaas gates only members the scheduler places)",))
-    log.debug("gated", extra={"pod": _pod_name(pod, request.namespace), "group": group.key})
+            f"spec.nodeName is set: {what} (gpuaas gates only pods the scheduler places)",))
+    log.debug("gated", extra={"pod": _pod_name(pod, request.namespace), "group": group.key if group else None})
     return Answer("gated", patch=gate_patch(request.object))
 
 
@@ -386,6 +391,9 @@ def _bound_port(runner: web.AppRunner, asked: int) -> int:
 CONFIGURATION_NAME = "gpuaas-gangs"
 WEBHOOK_SUFFIX = "gangs.gpuaas.io"
 TIMEOUT_SECONDS = 5
+CLAIMS_WEBHOOK = f"claims.{WEBHOOK_SUFFIX}"  # pods with DRA claims (in no group: gangs of one)
+# The apiserver sends only pods that name claims (matchConditions, CEL on the Pod): no other pod depends on gpuaas.
+HAS_CLAIMS = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
 
 
 def webhook_name(label: str) -> str:
@@ -397,17 +405,21 @@ def mutating_webhook_configuration(client_config: dict[str, Any], *,
                                    excluded_namespaces: tuple[str, ...] = ("kube-system", "gpuaas-system"),
                                    name: str = CONFIGURATION_NAME) -> dict[str, Any]:
     """The MutatingWebhookConfiguration: one webhook per group label, each reached only by pods that carry the label
-    (objectSelector), on Pod CREATE, outside `excluded_namespaces`. `client_config`: {service: ...} or {url: ...},
-    with caBundle. failurePolicy Fail: a member created without the gate would be scheduled on its own and break its
-    gang's all-or-nothing placement; refused instead, it is created again by its owner (a Job's controller retries)."""
+    (objectSelector), and one (`CLAIMS_WEBHOOK`) reached only by pods with spec.resourceClaims (matchConditions), on
+    Pod CREATE, outside `excluded_namespaces`. `client_config`: {service: ...} or {url: ...}, with caBundle.
+    failurePolicy Fail: a member created without the gate would be scheduled on its own and break its gang's
+    all-or-nothing placement, a pod with claims would have them allocated by kube-scheduler past gpuaas's accounting
+    (it does not check one allocator's devices against another's); refused instead, it is created again by its owner
+    (a Job's controller retries)."""
     entries = []
-    for label in GROUP_LABELS:
+    for label in (*GROUP_LABELS, None):
         entries.append({
-            "name": webhook_name(label),
+            "name": webhook_name(label) if label else CLAIMS_WEBHOOK,
             "clientConfig": client_config,
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
                        "scope": "Namespaced"}],
-            "objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]},
+            **({"objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]}} if label else
+               {"matchConditions": [{"name": "has-resource-claims", "expression": HAS_CLAIMS}]}),
             "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
                                                         "values": list(excluded_namespaces)}]},
             "failurePolicy": "Fail",

@@ -83,10 +83,11 @@ COMPONENTS = (
     Component("gangs", "gangs", replicas=True,
               data={"gpuaas-gangs-config": {"gangs.yaml": 'include "gpuaas.gangsConfig" .'}},
               metadata={".Values.gangs.webhook.annotations": ("MutatingWebhookConfiguration", "annotations")},
-              # one webhook per group label, each with the CA of the webhook's serving certificate
+              # one webhook per group label and one for pods with DRA claims, each with the CA of the webhook's
+              # serving certificate
               scalars={"MutatingWebhookConfiguration": {
                   ("webhooks", i, "clientConfig", "caBundle"): ".Values.gangs.webhook.caBundle | quote"
-                  for i in range(len(GROUP_LABELS))}}),
+                  for i in range(len(GROUP_LABELS) + 1)}}),
     Component("prometheus", "prometheusScrapeConfigs", namespace=".Values.prometheusScrapeConfigs.namespace"),
     Component("grafana", "grafanaDashboard", namespace=".Values.grafanaDashboard.namespace"),
 )

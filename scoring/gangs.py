@@ -46,7 +46,7 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
-Source = Literal["gpuaas", "kueue", "coscheduling"]
+Source = Literal["gpuaas", "kueue", "coscheduling", "pod"]  # "pod": a pod in no group, a gang of one (DRA claims)
 GROUP_LABELS: dict[str, Source] = {GANG_LABEL: "gpuaas", KUEUE_GROUP_LABEL: "kueue",
                                    COSCHEDULING_LABEL: "coscheduling"}
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -106,6 +106,13 @@ def group_of(pod: Mapping[str, Any]) -> GroupRef | None:
     return GroupRef(meta.get("namespace") or "default", name, source, size, min_count)
 
 
+def solo_group(pod: Mapping[str, Any]) -> GroupRef:
+    """A pod in no group placed by gpuaas as a gang of one (a pod whose DRA claims gpuaas allocates): key
+    `<namespace>/pod:<name>`."""
+    meta = pod.get("metadata") or {}
+    return GroupRef(meta.get("namespace") or "default", meta.get("name") or "?", "pod", 1, 1)
+
+
 def gates(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(g.get("name", "") for g in (pod.get("spec") or {}).get("schedulingGates") or ())
 
@@ -123,15 +130,19 @@ class Member:
     released_at: float | None  # when gpuaas released it
     priority: int
     owned: bool  # has a controller owner that creates it again when deleted
+    nodes: frozenset[str] | None = None  # the only nodes it may go to (a DRA claim's PCIe-root constraint); None: any
 
     @property
     def gated(self) -> bool:
         return GANG_GATE in self.gates
 
 
-def member(pod: Mapping[str, Any], created: float) -> Member:
+def member(pod: Mapping[str, Any], created: float, *, demand: PodDemand | None = None, pinned: str | None = None,
+           nodes: frozenset[str] | None = None) -> Member:
     """A member's record; `created` is the pod's creationTimestamp in epoch seconds. Raises ObjectError on a pod
-    whose resources cannot be read."""
+    whose resources cannot be read. `demand`, `pinned` (a hostname) and `nodes` replace what the pod itself says:
+    for a pod with DRA claims, what its claims still ask, the node its allocated claims hold it to, and the nodes a
+    claim's constraint allows (scoring.draclaims)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     released = (meta.get("annotations") or {}).get(RELEASED_ANNOTATION)
@@ -139,10 +150,11 @@ def member(pod: Mapping[str, Any], created: float) -> Member:
         released_at = float(released) if released is not None else None
     except ValueError:
         released_at = None
-    return Member(pod_key(pod), meta.get("uid", ""), created, pod_demand(pod), NodeConstraints.of(pod), gates(pod),
-                  spec.get("nodeName") or None, (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL),
-                  released_at, int(spec.get("priority") or 0),
-                  any(o.get("controller") for o in meta.get("ownerReferences") or ()))
+    return Member(pod_key(pod), meta.get("uid", ""), created, demand if demand is not None else pod_demand(pod),
+                  NodeConstraints.of(pod), gates(pod), spec.get("nodeName") or None,
+                  pinned or (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL), released_at,
+                  int(spec.get("priority") or 0), any(o.get("controller") for o in meta.get("ownerReferences") or ()),
+                  nodes)
 
 
 @dataclass
@@ -185,6 +197,7 @@ class GangDecision:
     message: str
     pins: tuple[tuple[str, str], ...] = ()  # release: (member key, hostname) per gated member
     members: tuple[str, ...] = ()  # every member's key
+    devices: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # release: (member key, node, GPU indices) per pin
 
 
 @dataclass(frozen=True)
@@ -282,6 +295,8 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
             may = masks[m.constraints]
             if m.pinned is not None:  # the user pinned it already: that node only
                 may = may & (np.arange(len(facts)) == row_of_host.get(m.pinned, -1))
+            if m.nodes is not None:
+                may = may & np.array([f.name in m.nodes for f in facts], dtype=bool)
             allowed.append(may)
         plan = place_gang(model, [m.demand for m in members], policy=settings.policy, workload=workload,
                           time_limit=settings.time_limit_s, allowed=allowed)
@@ -293,10 +308,12 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
                 reserved_for = gang
             continue
         pins = []
+        placed = []
         for m, (row, devices) in zip(members, plan.placements, strict=True):
             model.place(row, m.demand, devices)  # the next gang is planned around this one
             pins.append((m.key, hostname[row]))
+            placed.append((m.key, facts[row].name, tuple(devices)))
         nodes = sorted({h for _, h in pins})
         out.append(GangDecision(gang.ref.key, "release", f"all {len(members)} pods fit together on "
-                                f"{', '.join(nodes)} (planner: {plan.status})", tuple(pins), keys))
+                                f"{', '.join(nodes)} (planner: {plan.status})", tuple(pins), keys, tuple(placed)))
     return out

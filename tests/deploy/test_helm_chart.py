@@ -258,7 +258,7 @@ def test_gangs_webhook_ca_bundle_and_annotations_reach_every_webhook():
     objs = template({"gangs": {"webhook": {"caBundle": "Q0E=", "annotations": inject}}})
     [config] = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
     assert config["metadata"]["annotations"] == inject
-    assert len(config["webhooks"]) == 3
+    assert len(config["webhooks"]) == 4  # one per group label, one for pods with DRA claims
     assert all(w["clientConfig"]["caBundle"] == "Q0E=" for w in config["webhooks"])
 
 

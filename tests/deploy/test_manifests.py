@@ -265,4 +265,8 @@ def test_the_gangs_rbac_is_what_the_controller_does_and_no_more():
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {(("",), ("pods",)): {"get", "list", "watch", "patch", "delete"},
                      (("",), ("nodes",)): {"list", "watch"},
-                     (("",), ("events",)): {"create"}}
+                     (("",), ("events",)): {"create"},
+                     # DRA mode: the claims it allocates (finalizer, then status.allocation) and the slices it reads
+                     (("resource.k8s.io",), ("resourceclaims",)): {"get", "list", "watch", "update", "patch"},
+                     (("resource.k8s.io",), ("resourceclaims/status", "resourceclaims/binding")): {"update", "patch"},
+                     (("resource.k8s.io",), ("resourceslices",)): {"list", "watch"}}

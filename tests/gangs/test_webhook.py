@@ -132,6 +132,19 @@ def test_an_empty_or_null_gate_list_and_a_missing_spec_are_patched_too():
         {"name": GANG_GATE}]}},)
 
 
+def test_a_pod_in_no_group_with_claims_is_gated_for_gpuaas_to_allocate_them():
+    with_claims = pod()
+    with_claims["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    assert patched(with_claims, answer(with_claims))["spec"]["schedulingGates"] == [{"name": GANG_GATE}]
+    bound = copy.deepcopy(with_claims)
+    bound["spec"]["nodeName"] = "n1"
+    response = answer(bound)
+    assert "patch" not in response and "not allocated by gpuaas" in response["warnings"][0]
+    no_claims = pod()
+    no_claims["spec"]["resourceClaims"] = []
+    assert "patch" not in answer(no_claims)
+
+
 @pytest.mark.parametrize("labels, annotations", [
     ({"kueue.x-k8s.io/pod-group-name": "g"}, {"kueue.x-k8s.io/pod-group-total-count": "3"}),
     ({"scheduling.x-k8s.io/pod-group": "g"}, {"gpuaas.io/gang-size": "2"}),
@@ -315,9 +328,14 @@ def test_a_server_that_cannot_start_says_why(pki, tmp_path):
 def test_one_webhook_per_group_label_each_selecting_its_label_on_pod_create_and_failing_closed():
     config = mutating_webhook_configuration({"url": "https://127.0.0.1:1/mutate-pods", "caBundle": "Q0E="})
     hooks = config["webhooks"]
-    assert [h["objectSelector"] for h in hooks] == [
-        {"matchExpressions": [{"key": label, "operator": "Exists"}]} for label in GROUP_LABELS]
-    assert len({h["name"] for h in hooks}) == len(GROUP_LABELS)
+    assert [h.get("objectSelector") for h in hooks] == [
+        {"matchExpressions": [{"key": label, "operator": "Exists"}]} for label in GROUP_LABELS] + [None]
+    assert len({h["name"] for h in hooks}) == len(GROUP_LABELS) + 1
+    # The last one: pods with DRA claims, selected by the apiserver's CEL on the pod.
+    assert hooks[-1]["name"] == "claims.gangs.gpuaas.io"
+    assert hooks[-1]["matchConditions"] == [
+        {"name": "has-resource-claims",
+         "expression": "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"}]
     for h in hooks:
         assert h["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                                "resources": ["pods"], "scope": "Namespaced"}]
