@@ -8,14 +8,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuaas.cluster.components import gangs_process, nodescaler_process
+from gpuaas.cluster.components import nodescaler_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.migmanager import FakeNodeAgent
 from runtime.pools import parse_pool_spec
 from scoring.kubeobjects import POOL_LABEL
 
 from .kube import wait_for
-from .test_gangs import bound, job, members
+from .test_gangs import bound, gang_controller, job, members
 
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
 
@@ -29,9 +29,6 @@ def env(tmp_path_factory):
     try:
         cluster.up(parse_pool_spec({"pools": [{"name": "a100", "count": 1, **A100X8}]}))
         agent = FakeNodeAgent(cluster.api).start()  # registers the GPUs of new nodes, as the device plugin would
-        gangs_cfg = workdir / "gangs.yaml"
-        gangs_cfg.write_text(yaml.safe_dump({"interval_s": 1, "leader_election": {"enabled": False}}))
-        procs.append(gangs_process(workdir, cluster.kubeconfig, gangs_cfg).start(timeout=60))
         ns_cfg = workdir / "nodescaler.yaml"
         ns_cfg.write_text(yaml.safe_dump({
             "interval_s": 1, "scale_out": {"new_pod_delay_s": 2},
@@ -40,7 +37,8 @@ def env(tmp_path_factory):
             "scale_in": {"unneeded_s": 600, "delay_after_add_s": 600},
             "leader_election": {"enabled": False}}))
         procs.append(nodescaler_process(workdir, cluster.kubeconfig, ns_cfg).start(timeout=60))
-        yield cluster
+        with gang_controller(cluster, workdir):
+            yield cluster
     finally:
         for p in procs:
             p.stop()

@@ -1,5 +1,7 @@
-"""Gangs on a real control plane: pods created by the real Job controller, held by the gpuaas.io/gang scheduling gate,
-planned and pinned by `gpuaas gangs`, scheduled by the real kube-scheduler onto KWOK nodes.
+"""Gangs on a real control plane: pods created by the real Job controller as a user writes them (the group label and
+size; the admission webhook, called by the real kube-apiserver, adds the gpuaas.io/gang scheduling gate), planned
+and pinned by `gpuaas gangs` under the ServiceAccount deploy/ ships, scheduled by the real kube-scheduler onto KWOK
+nodes.
 
 What must hold: a gang lands whole on the nodes it was pinned to, or not at all; two gangs that each need most of
 the free GPUs never both half-place (one runs, the other waits whole with its reason, then runs when room frees); a
@@ -9,15 +11,22 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
-from gpuaas.cluster.components import gangs_process
+from gpuaas.cluster.components import ComponentProcess, gangs_process
 from gpuaas.cluster.local import LocalCluster
+from gpuaas.cluster.process import free_port
+from gpuaas.cluster.webhooks import gangs_webhook_registered, gangs_webhook_settings
 from runtime.pools import parse_pool_spec
 from scoring.gangs import GANG_GATE, HOSTNAME_LABEL, RELEASED_ANNOTATION
+from tests.deploy.manifests import DEPLOY
 
 from .kube import wait_for
 
@@ -25,21 +34,31 @@ POOLS = {"pools": [{"name": "a100", "count": 4, "gpu": {"model": "A100-80GB", "c
                     "memory": "1Ti"}]}
 
 
+@contextmanager
+def gang_controller(cluster: LocalCluster, workdir: Path, **config: Any) -> Iterator[ComponentProcess]:
+    """`gpuaas gangs` with the shipped RBAC and its webhook registered with the cluster's kube-apiserver."""
+    port = free_port()
+    path = workdir / "gangs.yaml"
+    path.write_text(yaml.safe_dump({"interval_s": 1, "leader_election": {"enabled": False},
+                                    "webhook": gangs_webhook_settings(cluster.control_plane.pki, port), **config}))
+    kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "bases" / "gangs", "gpuaas-gangs")
+    proc = gangs_process(workdir, kubeconfig, path).start(timeout=60)
+    try:
+        with gangs_webhook_registered(cluster.api, cluster.control_plane.pki, port):
+            yield proc
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gangs")
     cluster = LocalCluster(workdir, name="gangs")
-    proc = None
     try:
         cluster.up(parse_pool_spec(POOLS))
-        config = workdir / "gangs.yaml"
-        config.write_text(yaml.safe_dump({"interval_s": 1, "bind_timeout_s": 60,
-                                          "leader_election": {"enabled": False}}))
-        proc = gangs_process(workdir, cluster.kubeconfig, config).start(timeout=60)
-        yield cluster, proc
+        with gang_controller(cluster, workdir, bind_timeout_s=60) as proc:
+            yield cluster, proc
     finally:
-        if proc is not None:
-            proc.stop()
         cluster.down()
 
 
@@ -54,14 +73,14 @@ def ns(env):
 
 
 def job(name: str, pods: int, gpus: int, gang: str | None = None) -> dict:
-    """An indexed Job whose pods form one gang (the gate in the template until the webhook adds it)."""
+    """An indexed Job whose pods form one gang, as a user writes it: a group label and its size, no gate."""
     gang = gang or name
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
             "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 0,
                      "template": {
                          "metadata": {"labels": {"gpuaas.io/gang": gang},
                                       "annotations": {"gpuaas.io/gang-size": str(pods)}},
-                         "spec": {"restartPolicy": "Never", "schedulingGates": [{"name": GANG_GATE}],
+                         "spec": {"restartPolicy": "Never",
                                   "containers": [{"name": "train", "image": "trainer",
                                                   "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
                                                                 "requests": {"cpu": "8", "memory": "32Gi"}}}]}}}}
@@ -145,7 +164,8 @@ def test_a_kueue_pod_group_is_placed_only_after_kueue_admits_it(env, ns):
         core.create_namespaced_pod(ns, {
             "metadata": {"name": f"k{i}", "labels": {"kueue.x-k8s.io/pod-group-name": "grp"},
                          "annotations": {"kueue.x-k8s.io/pod-group-total-count": "2"}},
-            "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}, {"name": GANG_GATE}],
+            # Kueue's own webhook adds its gate; gpuaas's adds its own after it.
+            "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}],
                      "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
     wait_for(lambda: "kueue.x-k8s.io/admission" in explain(proc, f"{ns}/k0").get("message", ""), timeout=30,
              what="gpuaas waiting for Kueue's gate")
