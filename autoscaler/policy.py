@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from . import hpa
-from .snapshot import Recommendation, TargetSnapshot, finite
+from .snapshot import Recommendation, Signals, TargetSnapshot, finite
 
 
 class ReplicaPolicy(Protocol):
@@ -31,7 +31,9 @@ class ReplicaPolicy(Protocol):
     @property
     def sync_period_s(self) -> float: ...
 
-    def initial_state(self) -> Any: ...
+    def initial_state(self, replicas: int = 0) -> Any:
+        """A fresh policy's memory, or (`replicas` > 0, a warm start) that of one that has held `replicas` up to now."""
+        ...
 
     def recommend(self, snap: TargetSnapshot, state: Any) -> tuple[Recommendation, Any]: ...
 
@@ -88,8 +90,12 @@ class QueueDepthPolicy:
     def sync_period_s(self) -> float:
         return self.config.sync_period_s
 
-    def initial_state(self) -> QueueDepthState:
-        return QueueDepthState()
+    @property
+    def setting(self) -> str:
+        return "the one configuration"
+
+    def initial_state(self, replicas: int = 0) -> QueueDepthState:
+        return QueueDepthState(recommendations=((0.0, replicas),) if replicas > 0 else ())
 
     def demand(self, snap: TargetSnapshot, state: QueueDepthState) -> tuple[int, int, str, QueueDepthState]:
         """(replicas to ask for now, replicas the current arrival rate needs in steady state, why, new state).
@@ -167,10 +173,30 @@ class QueueDepthPolicy:
         return Recommendation(desired, reason, why, limited=limited), state
 
 
-# ---- HPA -------------------------------------------------------------------------------------------------------------
+# ---- HPA ----------------------------------------------------------------------------------------------------------
+Metric = Literal["queue", "inflight"]
+METRICS: tuple[Metric, ...] = ("inflight", "queue")
+
+
+def _pods_metric(sig: Signals, metric: Metric) -> dict[str, float]:
+    """Per pod: `queue` = vllm:num_requests_waiting; `inflight` = vllm:num_requests_running + num_requests_waiting."""
+    return sig.inflight_per_pod if metric == "inflight" else sig.queue_per_pod
+
+
 @dataclass(frozen=True)
 class HpaPolicy:
-    target: float  # average queue depth per pod
+    """A stock autoscaling/v2 HorizontalPodAutoscaler on a Pods metric with an AverageValue target, as
+    kube-controller-manager runs it (kubernetes/kubernetes pkg/controller/podautoscaler: replica_calculator.go
+    `calcPlainMetricReplicas` and `groupPods`, horizontal.go `normalizeDesiredReplicasWithBehaviors`; defaults from
+    pkg/controller/podautoscaler/config/v1alpha1/defaults.go and pkg/apis/autoscaling/v2/defaults.go; the arithmetic is
+    in `hpa.py`). Every 15 s (--horizontal-pod-autoscaler-sync-period): desired = ceil(ready pods x average / target)
+    unless the ratio is within the 0.1 tolerance; pods without a value yet (a starting vLLM is Running but not Ready and
+    exports nothing) count as 0 on a scale-up and as the target on a scale-down; the highest recommendation of the last
+    300 s bounds a scale-down (downscale stabilization); a scale-up adds at most max(4 pods, 100 %) per 15 s.
+
+    `metric`: "inflight" (running + waiting per pod, what vLLM users give an HPA) or "queue" (waiting only)."""
+    target: float  # average value per pod (AverageValue)
+    metric: Metric = "queue"
     min_replicas: int = 1
     max_replicas: int = 100
     behavior: hpa.Behavior = hpa.Behavior()
@@ -178,8 +204,13 @@ class HpaPolicy:
     sync_period_s: float = hpa.SYNC_PERIOD_S
     name: str = "hpa"
 
-    def initial_state(self) -> hpa.HpaState:
-        return hpa.HpaState()
+    @property
+    def setting(self) -> str:
+        return f"{self.metric} {self.target:g}/pod, min {self.min_replicas}"
+
+    def initial_state(self, replicas: int = 0) -> hpa.HpaState:
+        """A fresh HPA, or (`replicas` > 0) one that has been recommending `replicas` up to now."""
+        return hpa.HpaState(recommendations=((0.0, replicas),) if replicas > 0 else ())
 
     def recommend(self, snap: TargetSnapshot, state: hpa.HpaState) -> tuple[Recommendation, hpa.HpaState]:
         current = snap.replicas
@@ -188,8 +219,8 @@ class HpaPolicy:
             return Recommendation(0, "ScalingDisabled", why), state
         raw = None
         if not snap.error and snap.signals is not None:
-            raw = hpa.pods_metric_replicas(current, snap.signals.queue_per_pod, self.target, pods=snap.pods,
-                                           pending=snap.pending_pods, tolerance=self.tolerance)
+            raw = hpa.pods_metric_replicas(current, _pods_metric(snap.signals, self.metric), self.target,
+                                           pods=snap.pods, pending=snap.pending_pods, tolerance=self.tolerance)
         if raw is None:
             # FailedGetPodsMetric: the HPA keeps the current count (inside min/max) and records no recommendation.
             desired = _clamp(current, self.min_replicas, self.max_replicas)
@@ -210,7 +241,19 @@ class KedaState:
 
 @dataclass(frozen=True)
 class KedaPolicy:
-    target: float  # trigger threshold: average queue depth per replica (metricType AverageValue)
+    """A KEDA ScaledObject with a Prometheus trigger (metricType AverageValue), with KEDA's defaults
+    (kedacore/keda-docs content/docs/2.x/reference/scaledobject-spec.md and concepts/scaling-deployments.md):
+    pollingInterval 30 s, cooldownPeriod 300 s, minReplicaCount 0, activationThreshold 0, ignoreNullValues true.
+    The operator polls every 30 s and owns 0 <-> 1: active when the value exceeds the activation threshold; at zero an
+    active poll scales to 1; not active for the cooldown period (or never since creation) scales to 0. Between 1 and N
+    the HPA KEDA generates (keda-hpa-NAME, External metric, AverageValue) scales with the HPA's defaults and 15 s sync:
+    ceil(total / threshold) unless total / (threshold x replicas) is within the tolerance
+    (`GetExternalPerPodMetricReplicas`).
+
+    `metric`: the query's total over the Deployment, plus what waits at the gateway: "inflight" = sum of running +
+    waiting, "queue" = sum of waiting."""
+    target: float  # trigger threshold: the value per replica (metricType AverageValue)
+    metric: Metric = "queue"
     min_replica_count: int = 0
     max_replica_count: int = 100
     polling_interval_s: float = 30.0
@@ -220,13 +263,25 @@ class KedaPolicy:
     sync_period_s: float = hpa.SYNC_PERIOD_S  # the generated HPA's loop; the operator polls every polling_interval_s
     name: str = "keda"
 
-    def initial_state(self) -> KedaState:
-        return KedaState()
+    @property
+    def setting(self) -> str:
+        return f"{self.metric} {self.target:g}/replica, min {self.min_replica_count}"
+
+    def initial_state(self, replicas: int = 0) -> KedaState:
+        """A fresh ScaledObject, or (`replicas` > 0) one whose HPA has been recommending `replicas` and whose trigger
+        was active up to now."""
+        if replicas <= 0:
+            return KedaState()
+        return KedaState(hpa=hpa.HpaState(recommendations=((0.0, replicas),)), last_active=0.0)
+
+    def total(self, sig: Signals) -> float:
+        per_pod = _pods_metric(sig, self.metric)
+        return sum(per_pod.values()) + sig.gateway_waiting
 
     def recommend(self, snap: TargetSnapshot, state: KedaState) -> tuple[Recommendation, KedaState]:
         current = snap.replicas
         # The Prometheus scaler's `sum(...)` query; ignoreNullValues (default true) turns an empty answer into 0.
-        total = snap.signals.total_queue if snap.signals is not None and not snap.error else None
+        total = self.total(snap.signals) if snap.signals is not None and not snap.error else None
         if total is not None and not finite(total):
             total = None
         poll_due = state.last_poll is None or snap.now - state.last_poll >= self.polling_interval_s - 1e-9
@@ -237,7 +292,7 @@ class KedaPolicy:
                 state = replace(state, last_active=snap.now)
             if current == 0 and active:
                 return Recommendation(max(self.min_replica_count, 1), "KEDAScaleTargetActivated",
-                                f"queue {total:.0f} > activation threshold {self.activation_threshold}"), state
+                                f"{self.metric} {total:.0f} > activation threshold {self.activation_threshold}"), state
             if (current > 0 and not active and total is not None and self.min_replica_count == 0
                     and (state.last_active is None or snap.now - state.last_active >= self.cooldown_period_s)):
                 return Recommendation(0, "KEDAScaleTargetDeactivated",
@@ -256,6 +311,101 @@ class KedaPolicy:
         return recommendation, replace(state, hpa=n.state)
 
 
+# ---- KPA -------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KpaState:
+    panic_time: float | None = None  # when the panic window last crossed the threshold (None: stable mode)
+    max_panic_pods: int = 0  # the most pods asked for during this panic: panic mode never scales down
+    zero_since: float | None = None  # since when the decider asks for zero (scale-to-zero grace period)
+
+
+@dataclass(frozen=True)
+class KpaPolicy:
+    """Knative's Pod Autoscaler on concurrency, with the defaults of config-autoscaler
+    (knative/serving pkg/autoscaler/config/config.go `defaultConfig`; docs: knative.dev/docs/serving/autoscaling/
+    kpa-specific): stable window 60 s, panic window 10 % of it (6 s), panic threshold 200 %, target utilization 70 %,
+    max scale-up rate 1000, max scale-down rate 2, tick interval 2 s, scale-to-zero on with a 30 s grace period,
+    min-scale 0.
+
+    Each tick (knative/serving pkg/autoscaler/scaling/autoscaler.go `Scale`): the collector's per-second averages of
+    the requests in flight (queue-proxies plus the activator, pkg/autoscaler/metrics/collector.go, 1 s buckets) are
+    averaged over the stable and the panic window; target value TV = target x utilization; desired = ceil(stable /
+    TV), panic desired = ceil(panic / TV), both kept within [floor(ready / 2), ceil(1000 x ready)] (ready >= 1);
+    panic starts when panic desired / ready >= 2 and lasts until a stable window passes below it; while panicking the
+    count is the larger of the two and never goes down. Asking for zero keeps one replica until the grace period
+    passes (pkg/reconciler/autoscaling/kpa/scaler.go). A new autoscaler over more than one pod starts in panic mode
+    holding them (`newAutoscaler`), which is also this emulation's warm start."""
+    target: float  # autoscaling.knative.dev/target: requests in flight per pod
+    target_utilization: float = 0.7
+    min_scale: int = 0
+    max_scale: int = 100
+    stable_window_s: float = 60.0
+    panic_window_percentage: float = 10.0
+    panic_threshold_percentage: float = 200.0
+    max_scale_up_rate: float = 1000.0
+    max_scale_down_rate: float = 2.0
+    scale_to_zero_grace_s: float = 30.0
+    enable_scale_to_zero: bool = True
+    sync_period_s: float = 2.0  # tick-interval
+    name: str = "kpa"
+
+    @property
+    def setting(self) -> str:
+        return f"target {self.target:g} x {self.target_utilization:g}, min {self.min_scale}"
+
+    def initial_state(self, replicas: int = 0) -> KpaState:
+        return KpaState(panic_time=0.0 if replicas > 1 else None, max_panic_pods=max(0, replicas))
+
+    def recommend(self, snap: TargetSnapshot, state: KpaState) -> tuple[Recommendation, KpaState]:
+        current = snap.replicas
+        samples = snap.signals.concurrency_1s if snap.signals is not None else ()
+        if not samples:
+            return Recommendation(current, "NoData", "no concurrency reported yet", scale_down_blocked=True), state
+        stable_n = max(1, round(self.stable_window_s))
+        panic_n = max(1, round(self.stable_window_s * self.panic_window_percentage / 100))
+        stable = sum(samples[-stable_n:]) / len(samples[-stable_n:])
+        panic = sum(samples[-panic_n:]) / len(samples[-panic_n:])
+        ready = snap.ready if snap.ready is not None else len(snap.pods - snap.pending_pods)
+        ready_count = max(1.0, float(ready))
+        tv = max(0.01, self.target * self.target_utilization)
+        max_up = math.ceil(self.max_scale_up_rate * ready_count)
+        max_down = math.floor(ready_count / self.max_scale_down_rate)
+        dspc, dppc = math.ceil(stable / tv - 1e-9), math.ceil(panic / tv - 1e-9)
+        want_stable = int(min(max(dspc, max_down), max_up))
+        want_panic = int(min(max(dppc, max_down), max_up))
+        over = dppc / ready_count >= self.panic_threshold_percentage / 100
+        panic_time, max_panic = state.panic_time, state.max_panic_pods
+        if over:
+            panic_time = snap.now
+        elif panic_time is not None and panic_time + self.stable_window_s < snap.now:
+            panic_time, max_panic = None, 0
+        desired = want_stable
+        mode = "stable"
+        if panic_time is not None:
+            mode = "panic"
+            desired = max(desired, want_panic)
+            if desired > max_panic:
+                max_panic = desired
+            desired = max_panic
+        why = (f"concurrency stable {stable:.1f} / panic {panic:.1f} over {ready} ready, target {tv:g} per pod: "
+               f"{mode} mode -> {desired}")
+        zero_since = state.zero_since
+        bounded = _clamp(desired, self.min_scale, self.max_scale)
+        if bounded == 0:
+            if not self.enable_scale_to_zero:
+                bounded = 1
+            else:
+                zero_since = snap.now if zero_since is None else zero_since
+                if snap.now - zero_since < self.scale_to_zero_grace_s and current > 0:
+                    bounded = 1
+                    why += f"; one replica kept for the scale-to-zero grace period {self.scale_to_zero_grace_s:g}s"
+        else:
+            zero_since = None
+        state = KpaState(panic_time, max_panic, zero_since)
+        reason = "ScaleUp" if bounded > current else "ScaleDown" if bounded < current else "Steady"
+        return Recommendation(bounded, reason, why), state
+
+
 # ---- static ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StaticPolicy:
@@ -263,7 +413,11 @@ class StaticPolicy:
     sync_period_s: float = 15.0
     name: str = "static"
 
-    def initial_state(self) -> None:
+    @property
+    def setting(self) -> str:
+        return f"{self.replicas} replicas"
+
+    def initial_state(self, replicas: int = 0) -> None:
         return None
 
     def recommend(self, snap: TargetSnapshot, state: None) -> tuple[Recommendation, None]:

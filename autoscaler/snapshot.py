@@ -18,6 +18,17 @@ class Signals:
     arrival_rate_short: float | None = None  # requests/s received, over the short window (30s)
     service_time: float | None = None  # mean seconds a request runs, over the service-time window
     running: float | None = None  # requests running now, summed over pods
+    running_per_pod: dict[str, float] = field(default_factory=dict)  # requests running, per pod that reported
+    # Average requests in flight (running + waiting on the pods + held at the gateway) in each of the last seconds,
+    # oldest first: what Knative's queue-proxies and activator report to its autoscaler every second. Only the
+    # simulator fills it (for the kpa emulation); the controller reads Prometheus.
+    concurrency_1s: tuple[float, ...] = ()
+
+    @property
+    def inflight_per_pod(self) -> dict[str, float]:
+        """Requests running plus waiting, per pod that reported its queue (vLLM's num_requests_running +
+        num_requests_waiting): the metric users of vLLM give an HPA or KEDA."""
+        return {p: q + self.running_per_pod.get(p, 0.0) for p, q in self.queue_per_pod.items()}
 
     @property
     def total_queue(self) -> float:
@@ -32,6 +43,7 @@ class TargetSnapshot:
     pending_pods: frozenset[str] = frozenset()  # of those, pods not yet running (HPA: "unready")
     signals: Signals | None = None
     error: str | None = None  # why `signals` is missing or partial (Prometheus down, timeout, NaN, empty answer)
+    ready: int | None = None  # of `pods`, those Ready now (endpoints that take requests), when known
 
     @property
     def missing_pods(self) -> frozenset[str]:

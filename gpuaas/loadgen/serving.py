@@ -13,7 +13,9 @@ The service model (defaults are the ones `gpuaas simulate autoscaling --help` an
   it runs; a replica removed before it serves is gone at once. Its GPU time ends when it is gone.
 
 Each replica exports what vLLM does per pod: requests waiting (a gauge), requests running (a gauge), requests received
-and finished (counters) and the seconds spent serving finished requests (a counter). The same `ServingSystem` runs in
+and finished (counters) and the seconds spent serving finished requests (a counter). The system also keeps the time
+integral of the requests in flight (running, waiting on a replica or at the gateway), from which Knative's per-second
+average concurrency is read (`inflight_seconds`). The same `ServingSystem` runs in
 `gpuaas simulate autoscaling` (advanced by simulated time) and in the load replayer (advanced by the wall clock).
 """
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Replica:
     name: str
     asked_at: float
     ready_at: float
+    seq: int = 0  # creation order: ties between equally loaded replicas go to the oldest
     serving: bool = False
     draining: bool = False
     gone_at: float | None = None
@@ -102,6 +105,12 @@ class ServingSystem:
         self._next = 0  # next arrival to process
         self._events: list[tuple[float, int, int, str, int]] = []  # (time, seq, kind, replica name, request)
         self._seq = 0
+        self._created = 0
+        # Serving replicas that take requests, by outstanding count (routing picks the least loaded in O(room)).
+        self._by_load: list[dict[int, Replica]] = [{} for _ in range(model.concurrency + model.max_waiting + 1)]
+        self._inflight = 0  # requests arrived and not finished
+        self._inflight_area = 0.0  # integral of _inflight over time, up to _area_t
+        self._area_t = 0.0
 
     # ---- replicas -----------------------------------------------------------------------------------------------
     def add_replica(self, name: str, now: float | None = None, cold_start_s: float | None = None) -> Replica:
@@ -109,7 +118,8 @@ class ServingSystem:
         if name in self.replicas and self.replicas[name].gone_at is None:
             raise ValueError(f"replica {name} already exists")
         delay = self.model.cold_start_s if cold_start_s is None else cold_start_s
-        r = Replica(name, asked_at=now, ready_at=now + delay)
+        self._created += 1
+        r = Replica(name, asked_at=now, ready_at=now + delay, seq=self._created)
         self.replicas[name] = r
         self._push(r.ready_at, _READY, name)
         return r
@@ -123,6 +133,7 @@ class ServingSystem:
         if not r.serving:
             r.gone_at = now
             return
+        del self._by_load[r.outstanding][r.seq]
         requeued, r.queue = list(r.queue), deque()
         self.gateway.extendleft(reversed(requeued))  # back to the head of the gateway's queue, in order
         self._dispatch(now)
@@ -146,14 +157,20 @@ class ServingSystem:
             t = min(t_arr, t_ev)
             if t > until:
                 break
+            self._inflight_area += self._inflight * (t - self._area_t)
+            self._area_t = t
             if t_ev <= t_arr:
                 _, _, kind, name, i = heapq.heappop(events)
                 self._on_event(t_ev, kind, name, i)
             else:
                 i = self._next
                 self._next += 1
+                self._inflight += 1
                 self._route(i, t_arr)
         self.now = max(self.now, until)
+        if until > self._area_t:
+            self._inflight_area += self._inflight * (until - self._area_t)
+            self._area_t = until
 
     @property
     def done(self) -> bool:
@@ -168,6 +185,16 @@ class ServingSystem:
 
     def gateway_waiting(self) -> int:
         return len(self.gateway)
+
+    def inflight(self) -> int:
+        """Requests arrived and not finished: running, waiting on a replica or at the gateway."""
+        return self._inflight
+
+    def inflight_seconds(self, now: float | None = None) -> float:
+        """The integral of `inflight()` over time from 0 to `now` (at most the time advanced to): the difference over
+        a second is that second's average concurrency, what Knative's queue-proxy and activator report."""
+        now = self.now if now is None else now
+        return self._inflight_area + self._inflight * (now - self._area_t)
 
     def arrived_total(self) -> int:
         """Requests that have reached the gateway (its request counter)."""
@@ -200,13 +227,11 @@ class ServingSystem:
         self._assign(best, i, now)
 
     def _least_loaded(self) -> Replica | None:
-        room = self.model.concurrency + self.model.max_waiting
-        best: Replica | None = None
-        for r in self.replicas.values():
-            if r.serving and not r.draining and r.outstanding < room and (
-                    best is None or r.outstanding < best.outstanding):
-                best = r
-        return best
+        """The serving replica with the fewest outstanding requests and room for one more (the oldest of equals)."""
+        for bucket in self._by_load[:-1]:
+            if bucket:
+                return bucket[min(bucket)]
+        return None
 
     def _dispatch(self, now: float) -> None:
         while self.gateway:
@@ -217,6 +242,9 @@ class ServingSystem:
 
     def _assign(self, best: Replica, i: int, now: float) -> None:
         best.received_total += 1
+        load = self._by_load
+        del load[best.outstanding][best.seq]
+        load[best.outstanding + 1][best.seq] = best
         if best.running < self.model.concurrency:
             self._start(best, i, now)
         else:
@@ -233,9 +261,14 @@ class ServingSystem:
             if r.draining or r.gone_at is not None:
                 return
             r.serving = True
+            self._by_load[r.outstanding][r.seq] = r
             self._dispatch(t)
             return
         # a request finished on r
+        self._inflight -= 1
+        if not r.draining:
+            del self._by_load[r.outstanding][r.seq]
+            self._by_load[r.outstanding - 1][r.seq] = r
         r.running -= 1
         r.finished_total += 1
         r.service_seconds_total += self.service[i]

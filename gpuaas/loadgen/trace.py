@@ -87,6 +87,33 @@ def scale_rate(arrivals: list[Arrival], k: int) -> list[Arrival]:
     return out
 
 
+def window(arrivals: list[Arrival], offset_s: float = 0.0, duration_s: float | None = None,
+           preroll_s: float = 0.0) -> list[Arrival]:
+    """The trace from `offset_s - preroll_s` on, wrapping around (the trace repeats every `span` = its last arrival
+    + 1 s, as the demo replays it), for `preroll_s + duration_s` seconds (default duration: what is left of one span
+    after `offset_s`), times shifted to start at 0: the first `preroll_s` seconds are those before `offset_s`."""
+    if not arrivals:
+        return []
+    if offset_s < 0 or preroll_s < 0 or (duration_s is not None and duration_s <= 0):
+        raise TraceError(f"need offset >= 0, pre-roll >= 0 and duration > 0, got {offset_s}, {preroll_s}, "
+                         f"{duration_s}")
+    span = arrivals[-1].t + 1.0
+    if offset_s == 0 and preroll_s == 0 and duration_s is None:
+        return list(arrivals)
+    start = (offset_s - preroll_s) % span
+    length = preroll_s + (duration_s if duration_s is not None else span - offset_s % span)
+    out: list[Arrival] = []
+    turns = 0
+    while turns * span < length + start:
+        for a in arrivals:
+            t = a.t + turns * span - start
+            if 0 <= t < length:
+                out.append(Arrival(t, a.context_tokens, a.generated_tokens))
+        turns += 1
+    out.sort(key=lambda a: a.t)
+    return out
+
+
 def synthetic_trace(duration_s: float = 3600.0, *, mean_rate: float = 2.0, seed: int = 0) -> list[Arrival]:
     """A stand-in for the Azure code trace where it is not at hand (its licence keeps it out of the repository):
     Poisson arrivals at `mean_rate` per second modulated by slow waves and short bursts, with log-normal token counts

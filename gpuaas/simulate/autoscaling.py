@@ -4,7 +4,17 @@ The loop is what runs in a cluster, with simulated parts: `ServingSystem` plays 
 (gpuaas/loadgen/serving.py), `ScrapeLog` plays Prometheus (a scrape every `scrape_interval_s`; queries see only
 scraped samples, so the recommender sees the same staleness it sees in production), and the recommender is the
 production code from `autoscaler/policy.py` called every `sync_period_s` of its policy. Scrapes happen at multiples
-of the scrape interval; syncs half a scrape interval later (a controller is not in phase with Prometheus).
+of the scrape interval; syncs half a scrape interval later (a controller is not in phase with Prometheus). Every
+second the loop also records the average requests in flight over that second (running, waiting on a replica or at the
+gateway), as Knative's queue-proxies and activator report them to its autoscaler (the kpa emulation reads them; nothing
+else does).
+
+A warm start (`warm=True`): the run begins with `initial_replicas` serving replicas (`warm_start_replicas`: what the
+first minute needs) and the policy's memory as if it had held them up to then (`ReplicaPolicy.initial_state(replicas)`).
+`gpuaas simulate autoscaling` and the benchmark also give every policy a pre-roll (`gpuaas.loadgen.trace.window`): the
+run begins 15 minutes before t = 0 on the 15 minutes of the trace that precede it (wrapping around), and `warmup_s`
+leaves those requests and that GPU time out, so that each policy meets t = 0 as a service that has been running does,
+and every request from t = 0 on counts.
 
 GPU-replica-hours integrate every replica from the moment it is asked for until it is gone, over the trace's span (first
 to last arrival). After the last arrival the loop keeps running until every request has started, so that each request's
@@ -14,8 +24,9 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoscaler.policy import ReplicaPolicy
@@ -26,6 +37,7 @@ from gpuaas.loadgen.trace import Arrival
 RATE_WINDOW_S = 60.0  # rate(...[1m])
 SHORT_RATE_WINDOW_S = 30.0  # rate(...[30s])
 SERVICE_WINDOW_S = 120.0  # rate(sum[2m]) / rate(count[2m])
+CONCURRENCY_HISTORY = 60  # per-second in-flight averages kept (Knative's stable window)
 
 
 @dataclass
@@ -77,6 +89,7 @@ class ScrapeLog:
         finished = self._rate(now, SERVICE_WINDOW_S, lambda m: m.finished_total)
         return Signals(
             queue_per_pod={n: float(m.waiting) for n, m in latest.items()},
+            running_per_pod={n: float(m.running) for n, m in latest.items()},
             gateway_waiting=float(self.gateway[i]),
             arrival_rate=self._gateway_rate(now, RATE_WINDOW_S) or 0.0,
             arrival_rate_short=self._gateway_rate(now, SHORT_RATE_WINDOW_S),
@@ -89,6 +102,7 @@ class ScrapeLog:
 class Result:
     policy: str
     target: float | None
+    setting: str
     requests: int
     slo_attainment: float
     p99_queue_wait_s: float
@@ -114,9 +128,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def simulate(arrivals: list[Arrival], policy: ReplicaPolicy, model: ServiceModel = ServiceModel(), *,
              initial_replicas: int = 1, target: float | None = None, max_tail_s: float = 3600.0,
-             warmup_s: float = 0.0) -> Result:
-    """Replay `arrivals` through `policy`; the replica count starts at `initial_replicas`, all serving. With `warmup_s`,
-    requests arriving in the first `warmup_s` seconds and GPU time before then are left out of the results."""
+             warmup_s: float = 0.0, warm: bool = False, setting: str | None = None) -> Result:
+    """Replay `arrivals` through `policy`; the replica count starts at `initial_replicas`, all serving. `warm`: the
+    policy starts with the memory of having held them (else it starts fresh). With `warmup_s`, requests arriving in
+    the first `warmup_s` seconds and GPU time before then are left out of the results."""
     system = ServingSystem(model, arrivals)
     span = arrivals[-1].t if arrivals else 0.0
     counter = 0
@@ -137,16 +152,18 @@ def simulate(arrivals: list[Arrival], policy: ReplicaPolicy, model: ServiceModel
     add(initial_replicas, 0.0, cold=0.0)
     system.advance(0.0)
     log = ScrapeLog()
-    state = policy.initial_state()
+    state = policy.initial_state(initial_replicas if warm else 0)
     scrape_dt, sync_dt = model.scrape_interval_s, policy.sync_period_s
     next_scrape, next_sync = 0.0, scrape_dt / 2
+    next_tick, last_area = 1.0, 0.0
+    concurrency: deque[float] = deque(maxlen=CONCURRENCY_HISTORY)
     timeline: list[tuple[float, int, int, float]] = []
     decisions = 0
     gpu_at_span: float | None = None
     gpu_at_warmup: float | None = None if warmup_s > 0 else 0.0
     max_live = initial_replicas
     while True:
-        now = min(next_scrape, next_sync)
+        now = min(next_scrape, next_sync, next_tick)
         if gpu_at_warmup is None and now >= warmup_s:
             system.advance(warmup_s)
             gpu_at_warmup = system.gpu_seconds(warmup_s)
@@ -156,14 +173,22 @@ def simulate(arrivals: list[Arrival], policy: ReplicaPolicy, model: ServiceModel
         system.advance(now)
         if now >= span and (system.done or now > span + max_tail_s):
             break
+        if now == next_tick:
+            area = system.inflight_seconds(now)
+            concurrency.append(area - last_area)
+            last_area, next_tick = area, next_tick + 1.0
+            continue
         if now == next_scrape:
             log.scrape(now, system.replica_metrics(), system.gateway_waiting(), system.arrived_total())
             next_scrape += scrape_dt
             continue
         next_sync += sync_dt
         live = system.live()
-        snap = TargetSnapshot(now=now, replicas=len(live), pods=frozenset(r.name for r in live),
-                              signals=log.signals(now))
+        signals = log.signals(now)
+        if signals is not None:
+            signals = replace(signals, concurrency_1s=tuple(concurrency))
+        snap = TargetSnapshot(now=now, replicas=len(live), pods=frozenset(r.name for r in live), signals=signals,
+                              ready=sum(1 for r in live if r.serving))
         decision, state = policy.recommend(snap, state)
         decisions += 1
         if decision.desired > len(live):
@@ -182,7 +207,8 @@ def simulate(arrivals: list[Arrival], policy: ReplicaPolicy, model: ServiceModel
     gpu_s = (gpu_at_span if gpu_at_span is not None else system.gpu_seconds(span)) - (gpu_at_warmup or 0.0)
     span -= warmup_s
     return Result(
-        policy=policy.name, target=target, requests=len(waits),
+        policy=policy.name, target=target, setting=setting if setting is not None else getattr(policy, "setting", ""),
+        requests=len(waits),
         slo_attainment=ok / len(waits) if waits else 1.0,
         p99_queue_wait_s=percentile(waits, 99), mean_queue_wait_s=sum(waits) / len(waits) if waits else 0.0,
         gpu_replica_hours=gpu_s / 3600.0, max_replicas=max_live,
