@@ -137,6 +137,10 @@ def print_table(final: dict[str, Any], out=sys.stdout) -> None:
             print(f"    why pending: {reasons[r[0]]}", file=out)
 
 
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:g} s"
+
+
 def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
     s, final = run["summary"], run["final"]
     whole = [n for n in final["gpu_nodes"] if n["whole_gpus"] > 0]
@@ -144,12 +148,14 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
     def pct(x):
         return "-" if x is None else f"{x:.1%}"
 
-    gangs = [e for e in run["events"] if e["kind"] == "GangAdmitted"]
+    gangs = final.get("gangs") or []
+    placed_whole = sum(1 for g in gangs if g["all_bound_after_s"] is not None)
+    half = sum(1 for g in gangs if (g["half_placed_s"] or 0) > 2)  # conditions have whole seconds
     most = max((x["nodes"] for x in run["samples"]), default=final["nodes"])
     return (f"{scheduler:<7}: mean GPU allocation {pct(s['mean_allocation_ratio'])}, SLO attainment "
             f"{pct(s['slo_attainment'])}, GPU-node-hours {s['gpu_node_hours']:.2f}, nodes at the end {final['nodes']}"
-            f" (at most {most}), gangs admitted {len(gangs)} of {gangs_total}, pods pending at the end "
-            f"{final['pods_pending']}; whole-GPU nodes left completely free for 8-GPU jobs: "
+            f" (at most {most}), gangs placed whole {placed_whole} of {gangs_total} ({half} half-placed over 2 s), "
+            f"pods pending at the end {final['pods_pending']}; whole-GPU nodes left completely free for 8-GPU jobs: "
             f"{s['whole_nodes_free_at_end']} of {len(whole)}")
 
 
@@ -174,6 +180,11 @@ def print_end(record: dict[str, Any], primary: Stack, gangs_total: int) -> None:
     print(f"\n{primary.name} ({primary.scheduler}) at the end:")
     print_table(final)
     print(f"({final['pods_succeeded']} pods finished during the run)\n")
+    for scheduler, run in record["runs"].items():
+        for g in run["final"].get("gangs") or ():
+            print(f"  {scheduler:<7} gang {g['gang']:<10} {g['size']} pods: all bound after "
+                  f"{_s(g['all_bound_after_s'])}, all running after {_s(g['all_running_after_s'])}, half-placed "
+                  f"{_s(g['half_placed_s'])}")
     for scheduler, run in record["runs"].items():
         print(summary_line(scheduler, run, gangs_total))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from kubernetes import client
 
 from nodescaler.snapshot import build_snapshot, node_info, parse_time
 from scoring.fragmentation import FragmentationIndex, Workload
+from scoring.gangs import GANG_LABEL
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 from scoring.kubeobjects import GPU_RESOURCE, PRODUCT_LABEL, SHARE_RESOURCE, holds_resources, pod_key, pod_requests
 from scoring.model import MILLI
@@ -32,7 +34,7 @@ from scoring.model import MILLI
 from ..cluster.stages import COMPLETE_AFTER_ANNOTATION
 
 Obj = dict[str, Any]
-EVENT_COMPONENTS = ("gpuaas-autoscaler", "gpuaas-nodescaler")
+EVENT_COMPONENTS = ("gpuaas-autoscaler", "gpuaas-nodescaler", "gpuaas-gangs")
 OVERDUE_S = 10.0  # a job kwok has not finished this long after it was due is not waited for (kwok lags under load)
 
 
@@ -245,9 +247,10 @@ def _owned_by(pod: Obj, deployment: str) -> bool:
 
 
 def final_state(nodes: list[Obj], pods: list[Obj], deployments: list[Obj],
-                reasons: Mapping[str, str]) -> dict[str, Any]:
-    """The run record's `final`: counts as `kubectl get` shows them, pending pods with the scheduler's reason, and
-    where each pod that holds GPUs runs."""
+                reasons: Mapping[str, str], gangs: Mapping[str, int] | None = None,
+                end: float | None = None) -> dict[str, Any]:
+    """The run record's `final`: counts as `kubectl get` shows them, pending pods with the scheduler's reason, where
+    each pod that holds GPUs runs, and how each gang (`gangs`: name -> size) fared by `end` (epoch seconds)."""
     phases = phase_counts(pods)
     by_name = {n["metadata"]["name"]: n for n in nodes}
     pending, placements = [], []
@@ -268,7 +271,48 @@ def final_state(nodes: list[Obj], pods: list[Obj], deployments: list[Obj],
         "replicas": {f"{d['metadata']['namespace']}/{d['metadata']['name']}": int(d["spec"].get("replicas") or 0)
                      for d in deployments},
         "pending": pending, "placements": placements, "gpu_nodes": gpu_nodes(nodes, pods),
+        "gangs": gang_report(pods, gangs or {}, GANG_LABEL, end if end is not None else time.time()),
     }
+
+
+def _condition_time(pod: Obj, kind: str) -> float | None:
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind and c.get("status") == "True":
+            return parse_time(c.get("lastTransitionTime"))
+    return None
+
+
+def gang_report(pods: Iterable[Obj], gangs: Mapping[str, int], label: str, end: float) -> list[dict[str, Any]]:
+    """Per gang (label value -> its size): when it was submitted (its first member created), how long until every
+    member was bound and running, and how long it was half-placed: some members bound, not all (until the last was
+    bound, or until `end` if never). Times in seconds; None when it did not happen. A member that finished counts as
+    bound and running (its conditions keep the times)."""
+    members: dict[str, list[Obj]] = {g: [] for g in gangs}
+    for p in pods:
+        name = ((p.get("metadata") or {}).get("labels") or {}).get(label)
+        if name in members:
+            members[name].append(p)
+    out = []
+    for name, size in gangs.items():
+        ps = members[name]
+        created = [t for t in (parse_time(p["metadata"].get("creationTimestamp")) for p in ps) if t is not None]
+        bound = sorted(t for t in (_condition_time(p, "PodScheduled") for p in ps) if t is not None)
+        ready = [_condition_time(p, "Ready") or _condition_time(p, "PodScheduled") if (p.get("status") or {}).get(
+            "phase") == "Succeeded" else _condition_time(p, "Ready") for p in ps]
+        start = min(created) if created else None
+        whole = len(bound) == size
+        all_ran = whole and len(ps) == size and all(t is not None for t in ready)
+        half = None
+        if bound and len(bound) < size:
+            half = end - bound[0]
+        elif whole and size > 1:
+            half = bound[-1] - bound[0]
+        out.append({"gang": name, "size": size, "members": len(ps), "bound": len(bound),
+                    "submitted": start, "all_bound_after_s": round(bound[-1] - start, 1) if whole and start else None,
+                    "all_running_after_s": round(max(t for t in ready if t is not None) - start, 1)
+                    if all_ran and start else None,
+                    "half_placed_s": round(half, 1) if half is not None else None})
+    return out
 
 
 def gpu_nodes(nodes: list[Obj], pods: list[Obj]) -> list[dict[str, Any]]:

@@ -7,7 +7,10 @@
 - Prometheus scraping the load replayers, one per inference service, which play the inference servers on the pods of
   its Deployment and replay the trace (in this process, so the sampler reads each request's wait);
 - the fake node agent (the device plugin and the MIG manager KWOK nodes lack; in this process, as the admin);
-- the driver: submits the timeline's objects when they are due and runs gang admission (gpuaas/admission.py).
+- for scheduler "gpuaas", the gang controller with its admission webhook (`gpuaas gangs`, registered with the
+  apiserver): gangs are submitted as a user writes them and placed whole; a default-scoring cluster places the same
+  pods one by one;
+- the driver: submits the timeline's objects when they are due.
 
 `up()` starts everything but the clock (the components' processes are spawned, `wait_ready()` waits for them; call
 both from the thread that outlives them), `start(t0)` starts the trace and the timeline, `sample()` reads one sample,
@@ -34,12 +37,12 @@ from nodescaler.config import NodeGroupConfig
 from runtime.pools import PoolSpec
 from scoring.fragmentation import Workload
 
-from ..admission import Gang, GangAdmission
 from ..cluster.components import (
     REPO,
     ComponentProcess,
     autoscaler_process,
     extender_process,
+    gangs_process,
     nodescaler_process,
     scheduler_extender_tls,
 )
@@ -47,6 +50,7 @@ from ..cluster.local import LocalCluster
 from ..cluster.migmanager import FakeNodeAgent
 from ..cluster.process import free_port
 from ..cluster.prometheus import PrometheusServer
+from ..cluster.webhooks import gangs_webhook_settings, register_gangs_webhook, unregister_gangs_webhook
 from ..loadgen.replayer import Replayer
 from ..loadgen.trace import Arrival
 from . import sampling
@@ -133,7 +137,8 @@ class Stack:
         self.prometheus: PrometheusServer | None = None
         self.replayers: dict[str, Replayer] = {}
         self.agent: FakeNodeAgent | None = None
-        self.admission: GangAdmission | None = None
+        self.gangs: ComponentProcess | None = None
+        self.webhook_port = free_port()
         self.reader: sampling.ClusterReader | None = None
         self.targets: dict[str, Target] = {}
         self.prom: Prometheus | None = None
@@ -171,13 +176,20 @@ class Stack:
         self.targets = {t.deployment: t for t in config.targets}
         accounts = {"extender": ("bases/extender", "gpuaas-extender"),
                     "nodescaler": ("bases/nodescaler", "gpuaas-nodescaler"),
-                    "autoscaler": ("bases/autoscaler", "gpuaas-autoscaler")}
+                    "autoscaler": ("bases/autoscaler", "gpuaas-autoscaler"),
+                    "gangs": ("bases/gangs", "gpuaas-gangs")}
         kubeconfigs = {k: self.cluster.service_account_kubeconfig(DEPLOY / path, account)
                        for k, (path, account) in accounts.items()}
         if self.scheduler == "gpuaas":
             self.extender = extender_process(self.workdir, kubeconfigs["extender"], port=self.extender_port,
                                              pki=self.cluster.control_plane.pki)
             self.components.append(self.extender)
+            path = self.workdir / "gangs.yaml"
+            path.write_text(yaml.safe_dump({
+                "interval_s": 1, "leader_election": {"enabled": False},
+                "webhook": gangs_webhook_settings(self.cluster.control_plane.pki, self.webhook_port)}))
+            self.gangs = gangs_process(self.workdir, kubeconfigs["gangs"], path)
+            self.components.append(self.gangs)
         ns_config = nodescaler_config(self.pools, s.duration_s)
         if ns_config is not None:
             path = self.workdir / "nodescaler.yaml"
@@ -189,13 +201,14 @@ class Stack:
         for c in self.components:  # from this thread, which lives as long as they should (see ComponentProcess.spawn)
             c.spawn()
         self.agent = FakeNodeAgent(api, interval=1.0).start()
-        self.admission = GangAdmission(api, on_event=self._admission_event)
         return timings
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """The components answer, and every inference Deployment has its pods running."""
         for c in self.components:
             c.wait_ready(timeout)
+        if self.gangs is not None:  # from now on the apiserver gates every group member
+            register_gangs_webhook(self.cluster.api, self.cluster.control_plane.pki, self.webhook_port)
         deadline = time.monotonic() + timeout
         while True:
             pods = self._reader().pods()
@@ -226,10 +239,6 @@ class Stack:
         assert self.reader is not None, "up() first"
         return self.reader
 
-    def _admission(self) -> GangAdmission:
-        assert self.admission is not None, "up() first"
-        return self.admission
-
     def _prom(self) -> Prometheus:
         assert self.prom is not None, "up() first"
         return self.prom
@@ -240,41 +249,26 @@ class Stack:
 
     def _drive(self) -> None:
         pending = list(self.settings.timeline)
-        last_admission = 0.0
         while not self._stop.is_set():
             now = self.elapsed()
-            gang_arrived = False
             while pending and pending[0].at_s <= now:
                 sub = pending.pop(0)
                 try:
-                    gang_arrived |= self._submit(sub)
+                    self._submit(sub)
                 except Exception as err:  # one bad object must not stop the timeline; the run reports it
                     log.exception("submitting %s", sub.name)
                     self.submit_errors.append(f"{sub.name}: {err}")
-            if self._admission().waiting and (gang_arrived or now - last_admission >= 1.0):
-                last_admission = now
-                try:
-                    self._admission().run_once()
-                except Exception:
-                    log.exception("gang admission")
             wait = min(1.0, pending[0].at_s - self.elapsed()) if pending else 1.0
             self._stop.wait(max(0.05, wait))
 
-    def _submit(self, sub: Submission) -> bool:
-        if sub.kind == "gang":
-            self._admission().submit(Gang(sub.namespace, sub.name, sub.objects))
-            return True
+    def _submit(self, sub: Submission) -> None:
+        """Create the submission's pods, a gang's one after another as a Job controller would."""
         for obj in sub.objects:
             try:
                 client.CoreV1Api(self.cluster.api).create_namespaced_pod(sub.namespace, obj, _preload_content=False)
             except ApiException as err:
                 if err.status != 409:
                     raise
-        return False
-
-    def _admission_event(self, reason: str, obj: str, message: str) -> None:
-        with self._lock:
-            self.events.append({"t": round(self.elapsed(), 2), "kind": reason, "object": obj, "message": message})
 
     def sample(self) -> dict[str, Any]:
         """One sample of this cluster now; also collects the autoscalers' new events."""
@@ -323,6 +317,7 @@ class Stack:
         self._stop.set()
         if self._driver:
             self._driver.join(10)
+        self._unregister_webhook()
         for c in self.components:
             if c is not self.extender:
                 c.stop()
@@ -349,10 +344,21 @@ class Stack:
         with self._lock:
             self.events.extend(new)
             self.events.sort(key=lambda e: e["t"])
-        return sampling.final_state(nodes, pods, deployments, reasons)
+        gangs = {sub.name: len(sub.objects) for sub in self.settings.timeline if sub.kind == "gang"}
+        return sampling.final_state(nodes, pods, deployments, reasons, gangs, end=time.time())
+
+    def _unregister_webhook(self) -> None:
+        """Before the gang controller stops: a registration left behind (failurePolicy Fail) would refuse every group
+        member created in a cluster kept with --keep."""
+        if self.gangs is not None:
+            try:
+                unregister_gangs_webhook(self.cluster.api)
+            except Exception:  # the cluster may be gone already
+                log.warning("%s: could not unregister the gangs webhook", self.name, exc_info=True)
 
     def down(self, keep: bool = False) -> None:
         self._stop.set()
+        self._unregister_webhook()
         for c in self.components:
             c.stop()
         if self.agent:

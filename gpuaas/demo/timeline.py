@@ -8,7 +8,7 @@ The timeline (times are fractions of the run's duration D, wall clock):
 - 0:          a long pre-training gang (2 pods x 8 GPUs); at 0.05 D long-running MIG services;
 - 0 .. 0.75 D: a stream of single-pod training jobs (1, 2, 4 or 8 whole GPUs) that finish after 0.1-0.3 D;
 - 0.10 D:     a pod asking for 16 GPUs, more than any node has (it stays Pending, and says why);
-- 0.15, 0.35, 0.55 D: gangs of multi-GPU pods, admitted all-or-nothing (gpuaas/admission.py);
+- 0.15, 0.35, 0.55 D: gangs of multi-GPU pods, placed all-or-nothing by the gang controller (docs/gangs.md);
 - 0.40 D:     a second wave of MIG pods that finish;
 - 0.50 D:     a burst of 8-GPU batch pods that exceeds the fleet: the node group grows for them, and shrinks after.
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from scoring.fragmentation import Shape, Workload
+from scoring.gangs import GANG_LABEL, GANG_SIZE_ANNOTATION
 from scoring.kubeobjects import pod_demand
 from scoring.model import MAX_GPUS_PER_NODE
 
@@ -37,7 +38,6 @@ from ..workloads import gpu_deployment, gpu_pod
 TRAINING_NS = "training"
 INFERENCE_NS = "inference"
 NAMESPACES = (TRAINING_NS, INFERENCE_NS)
-GANG_LABEL = "gpuaas.io/gang"
 FINITE_END = 0.85  # finite jobs end by this fraction of the run if they start when submitted
 
 # The trace's service model in trace time (docs/autoscaling.md): these are divided by the speed.
@@ -104,8 +104,12 @@ def _mig_pod(name: str, profile: str, *, duration_s: float | None):
 
 
 def _gang(at: float, name: str, pods: int, gpus: int, duration_s: float | None) -> Submission:
+    """A gang as a user writes it (docs/gangs.md): the group label and its size on every pod; gpuaas's webhook gates
+    them and its gang controller places them whole, while a default-scoring cluster places them one by one."""
     objs = tuple(_training_pod(f"{name}-{i}", gpus, duration_s=duration_s, labels={GANG_LABEL: name})
                  for i in range(pods))
+    for o in objs:
+        o["metadata"].setdefault("annotations", {})[GANG_SIZE_ANNOTATION] = str(pods)
     done = f", done after {_seconds(duration_s)}" if duration_s is not None else ""
     return Submission(at, name, f"gang of {pods} x {gpus} GPUs{done}", "gang", objs)
 

@@ -117,6 +117,12 @@ def final_section(record: RunRecord) -> Html:
     for run in runs:
         if run.final is None:
             continue
+        if run.final.gangs:
+            out += f"<h3>{_text(run.scheduler)}: gangs ({len(run.final.gangs)})</h3>\n"
+            out += _table(["gang", "pods", "bound", "all bound after (s)", "all running after (s)",
+                           "half-placed (s)"],
+                          ([g.gang, g.size, g.bound, _seconds(g.all_bound_after_s), _seconds(g.all_running_after_s),
+                            _seconds(g.half_placed_s)] for g in run.final.gangs), numeric_from=1)
         out += f"<h3>{_text(run.scheduler)}: pending pods ({len(run.final.pending)})</h3>\n"
         if run.final.pending:
             out += _table(["pod", "request", "reason"], ([p.pod, p.request or "", p.reason] for p in run.final.pending))
@@ -127,8 +133,12 @@ def final_section(record: RunRecord) -> Html:
     return Html(out)
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
 def events_section(record: RunRecord) -> Html:
-    out = "<h2>Events</h2>\n<p class=note>From the autoscaler, the node scaler and gang admission.</p>\n"
+    out = "<h2>Events</h2>\n<p class=note>From the autoscaler, the node scaler and the gang controller.</p>\n"
     for run in record.ordered_runs():
         out += f"<h3>{_text(run.scheduler)} ({len(run.events)})</h3>\n"
         if run.events:

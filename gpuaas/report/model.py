@@ -125,6 +125,19 @@ class FinalGPUNode(_Record):
     whole_gpus: Count  # allocatable nvidia.com/gpu: 0 on a node whose GPUs are all MIG-partitioned
 
 
+class GangOutcome(_Record):
+    """A gang at the end of the run: how long from its submission until every member was bound and running, and how
+    long it was half-placed (some members bound, not all)."""
+    gang: str
+    size: Count
+    members: Count
+    bound: Count
+    submitted: float | None = None  # epoch seconds of its first member's creation
+    all_bound_after_s: Measured = None
+    all_running_after_s: Measured = None
+    half_placed_s: Measured = None
+
+
 class Final(_Record):
     nodes: Count
     gpus_total: GPUs
@@ -136,6 +149,7 @@ class Final(_Record):
     pending: list[PendingPod] = Field(default_factory=list)
     placements: list[PlacedPod] = Field(default_factory=list)
     gpu_nodes: list[FinalGPUNode] | None = None
+    gangs: list[GangOutcome] = Field(default_factory=list)
 
 
 class Summary(_Record):

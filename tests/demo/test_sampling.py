@@ -204,3 +204,37 @@ def test_go_durations():
         if bad:
             with pytest.raises(ValueError):
                 go_duration(bad)
+
+
+def _member(name, gang, *, created, scheduled=None, ready=None, phase="Pending"):
+    conditions = []
+    if scheduled is not None:
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(scheduled)})
+    if ready is not None:
+        conditions.append({"type": "Ready", "status": "True", "lastTransitionTime": _iso(ready)})
+    return {"metadata": {"name": name, "namespace": "training", "labels": {"gpuaas.io/gang": gang},
+                         "creationTimestamp": _iso(created)},
+            "spec": {}, "status": {"phase": phase, "conditions": conditions}}
+
+
+def _iso(t):
+    import datetime as dt
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_gang_report_times_each_gang_and_its_half_placed_stretch():
+    from gpuaas.demo.sampling import gang_report
+
+    t0 = 1_800_000_000
+    pods = [_member("a-0", "a", created=t0, scheduled=t0 + 2, ready=t0 + 3, phase="Running"),
+            _member("a-1", "a", created=t0, scheduled=t0 + 2, ready=t0 + 4, phase="Running"),
+            _member("b-0", "b", created=t0 + 10, scheduled=t0 + 11, ready=t0 + 11, phase="Succeeded"),
+            _member("b-1", "b", created=t0 + 10, scheduled=t0 + 40, ready=t0 + 41, phase="Running"),
+            _member("c-0", "c", created=t0 + 20, scheduled=t0 + 21, ready=t0 + 21, phase="Running"),
+            _member("c-1", "c", created=t0 + 20)]
+    report = {g["gang"]: g for g in gang_report(pods, {"a": 2, "b": 2, "c": 2, "d": 3}, "gpuaas.io/gang", t0 + 100)}
+    assert (report["a"]["all_bound_after_s"], report["a"]["all_running_after_s"], report["a"]["half_placed_s"]) == \
+        (2, 4, 0)
+    assert (report["b"]["all_bound_after_s"], report["b"]["half_placed_s"]) == (30, 29)  # one bound, one waited
+    assert (report["c"]["all_bound_after_s"], report["c"]["half_placed_s"]) == (None, 79)  # half-placed to the end
+    assert (report["d"]["members"], report["d"]["bound"], report["d"]["half_placed_s"]) == (0, 0, None)

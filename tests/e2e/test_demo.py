@@ -82,8 +82,16 @@ def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_pa
         for r in record.runs.values():
             assert len(r.samples) >= 10 and r.samples[-1].t >= 55
             kinds = Counter(e.kind for e in r.events)
-            assert kinds["GangAdmitted"] >= 1, kinds
             assert kinds["ScaleUp"] >= 1, kinds  # the replica autoscaler acted on the trace
+            assert r.final is not None and {g.gang for g in r.final.gangs} == {"pretrain", "finetune", "sweep", "rl"}
+            assert any(g.all_bound_after_s is not None for g in r.final.gangs), r.final.gangs
+        # gpuaas: gangs submitted as a user writes them, gated by the webhook, released whole by the controller
+        gpuaas_run = record.runs["gpuaas"]
+        assert Counter(e.kind for e in gpuaas_run.events)["GangReleased"] >= 1, gpuaas_run.events
+        for g in gpuaas_run.final.gangs:
+            assert not 0 < g.bound < g.size, g  # never half-placed at the end
+            if g.all_bound_after_s is not None:  # bound together (conditions have whole seconds)
+                assert g.half_placed_s is not None and g.half_placed_s <= 2, g
             assert r.summary is not None and r.summary.mean_allocation_ratio
 
         final = json.loads((out / "run.json").read_text())["runs"]["gpuaas"]["final"]
