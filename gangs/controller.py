@@ -45,6 +45,7 @@ log = logging.getLogger("gpuaas.gangs")
 Obj = dict[str, Any]
 COMPONENT = "gpuaas-gangs"
 DRA_SHAPES = 5000  # pods whose claims' demand is remembered for the learned workload (the view's window)
+WRITTEN = 1000  # allocations /claims remembers
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class GangController:
         self.claims = claims  # allocates DRA claims (gangs.dra); None: pods' claims are kube-scheduler's
         self.assumed: dict[str, Assumed] = {}  # claim key -> an allocation written, until the informer shows it
         self.dra_shapes: dict[str, PodDemand] = {}  # pod key -> what its claims ask, for the learned workload
+        self.written: dict[str, dict[str, Any]] = {}  # claim key -> the allocation gpuaas wrote (last WRITTEN)
         self.told: dict[str, str] = {}
         self.last: dict[str, GangDecision] = {}  # gang -> its last decision, for /explain
         self.gang_of: dict[str, str] = {}  # member pod key -> gang
@@ -236,6 +238,7 @@ class GangController:
                 if self.claims is not None and self.claims.allocate(c.claim, c.uid, c.allocation, c.pod_uid):
                     written.setdefault(c.gang, []).append(c)
                     self.assumed[c.claim] = claim_assumption(c, now)
+                    self._record(c)
                     report.allocated += 1
                     continue
                 report.failed_writes += 1
@@ -243,6 +246,7 @@ class GangController:
                 pins_failed.add(c.gang)
                 for w in written.pop(c.gang, []):  # all or nothing: what this gang got this round goes back
                     self.assumed.pop(w.claim, None)
+                    self.written.pop(w.claim, None)
                     if self.claims is not None and not self.claims.deallocate(w.claim, w.uid):
                         report.failed_writes += 1
             elif isinstance(c, Pin):
@@ -273,6 +277,16 @@ class GangController:
         if self.metrics is not None:
             self.metrics.observe(report)
         return report
+
+    def _record(self, write: Allocate) -> None:
+        """What /claims shows: the last WRITTEN allocations gpuaas made, by claim."""
+        self.written.pop(write.claim, None)
+        self.written[write.claim] = {"pod": write.pod, "gang": write.gang,
+                                     "node": write.allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
+                                     ["values"][0], "results": write.allocation["devices"]["results"],
+                                     "allocationTimestamp": write.allocation["allocationTimestamp"]}
+        while len(self.written) > WRITTEN:
+            self.written.pop(next(iter(self.written)))
 
     def _remember_shapes(self, rnd: DraRound) -> None:
         for key, claims in rnd.pods.items():

@@ -2,8 +2,8 @@
 extender), and, where the cluster serves resource.k8s.io/v1, informers on ResourceSlices and ResourceClaims feed the
 DRA nodes and the claims gpuaas allocates (gangs.dra); a loop plans the waiting gangs every `interval_s`, and at once
 (after a 0.2 s batching pause) when a group member or a pod with claims arrives or loses a gate, or a claim changes; a
-Lease elector decides whether this replica may write; /metrics, /healthz, /readyz, /explain and /gangs on a small
-aiohttp app; the admission webhook on its own HTTPS site when configured.
+Lease elector decides whether this replica may write; /metrics, /healthz, /readyz, /explain, /gangs and /claims (the
+DRA allocations this replica wrote) on a small aiohttp app; the admission webhook on its own HTTPS site when configured.
 
 The informers' stores and the model belong to the event loop's thread; the reconcile runs in a worker thread on
 copies of them.
@@ -187,10 +187,13 @@ class Service:
             return web.json_response({g: {"action": d.action, "message": d.message, "pins": dict(d.pins)}
                                       for g, d in self.controller.last.items()})
 
+        async def claims(_: web.Request) -> web.Response:
+            return web.json_response(dict(self.controller.written))  # a copy: the reconcile thread adds to it
+
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz),
                         web.get("/webhook-ready", webhook_ready), web.get("/explain", explain),
-                        web.get("/gangs", gangs)])
+                        web.get("/gangs", gangs), web.get("/claims", claims)])
         return app
 
     async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
