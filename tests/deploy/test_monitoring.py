@@ -24,6 +24,8 @@ import yaml
 
 from autoscaler.config import DEFAULT_QUERIES, MetricsApiConfig
 from extender.metrics import Metrics as ExtenderMetrics
+from gangs.metrics import Metrics as GangsMetrics
+from gangs.webhook import webhook_app
 from gpuaas.cluster.prometheus import PrometheusServer
 from gpuaas.loadgen.replayer import render_metrics
 from gpuaas.loadgen.serving import ServiceModel, ServingSystem
@@ -88,12 +90,15 @@ def targets(tmp_path_factory):
     everything = DEPLOY / "overlays" / "all"
     extender = named(everything, "Deployment", "gpuaas-extender")
     nodescaler = named(everything, "Deployment", "gpuaas-nodescaler")
+    gangs = named(everything, "Deployment", "gpuaas-gangs")
     scrape = {"gpuaas.io/scrape": "true"}
     pods = [
         pod_of(extender, "gpuaas-extender-a", "127.0.0.2"),
         pod_of(nodescaler, "gpuaas-nodescaler-a", "127.0.0.3"),
         pod_of(nodescaler, "gpuaas-nodescaler-b", "127.0.0.4"),
         pod_of(nodescaler, "gpuaas-nodescaler-c", "127.0.0.5", phase="Pending"),
+        pod_of(gangs, "gpuaas-gangs-a", "127.0.0.12"),
+        pod_of(gangs, "gpuaas-gangs-b", "127.0.0.13"),
         inference_pod("llm-a", "inference", "127.0.0.6", {**scrape, "gpuaas.io/metrics-port": "8000"}),
         inference_pod("llm-b", "team-b", "127.0.0.7", {**scrape, "gpuaas.io/metrics-port": "8001",
                                                        "gpuaas.io/metrics-path": "/stats"}),
@@ -125,7 +130,7 @@ def targets(tmp_path_factory):
                 return json.load(resp)["data"]["activeTargets"]
         deadline = time.monotonic() + 30
         found = active()
-        while len(found) < 5 and time.monotonic() < deadline:
+        while len(found) < 7 and time.monotonic() < deadline:
             time.sleep(0.2)
             found = active()
         by_job: dict[str, list] = {}
@@ -150,11 +155,17 @@ def test_nodescaler_job_scrapes_every_running_replica_on_its_metrics_port(target
         (NAMESPACE, "gpuaas-nodescaler-b", "http://127.0.0.4:8090/metrics")]
 
 
+def test_gangs_job_scrapes_every_gang_controller_replica_on_its_metrics_port(targets):
+    assert summary(targets["gpuaas-gangs"]) == [
+        (NAMESPACE, "gpuaas-gangs-a", "http://127.0.0.12:8091/metrics"),
+        (NAMESPACE, "gpuaas-gangs-b", "http://127.0.0.13:8091/metrics")]
+
+
 def test_inference_job_scrapes_opted_in_running_pods_at_their_port_and_path(targets):
     assert summary(targets["gpuaas-inference"]) == [
         ("inference", "llm-a", "http://127.0.0.6:8000/metrics"),
         ("team-b", "llm-b", "http://127.0.0.7:8001/stats")]
-    assert set(targets) == {"gpuaas-extender", "gpuaas-nodescaler", "gpuaas-inference"}
+    assert set(targets) == {"gpuaas-extender", "gpuaas-nodescaler", "gpuaas-gangs", "gpuaas-inference"}
 
 
 # ---- the dashboard ----------------------------------------------------------------------------------------------
@@ -192,13 +203,15 @@ def gateway_and_vllm_series() -> set[str]:
 
 
 def test_every_dashboard_series_is_one_gpuaas_exports_or_reads():
-    ours = exported(ExtenderMetrics().registry) | exported(NodescalerMetrics().registry)
+    gangs = GangsMetrics()
+    webhook_app(gangs.registry)  # the webhook's metrics go on the controller's registry, as gangs/service.py does
+    ours = exported(ExtenderMetrics().registry) | exported(NodescalerMetrics().registry) | exported(gangs.registry)
     read_by_autoscaling = set(SERIES.findall(" ".join(DEFAULT_QUERIES.values()))) | {
         m.series for m in MetricsApiConfig().metrics}
     known = ours | (gateway_and_vllm_series() & (read_by_autoscaling | {"vllm:num_requests_running"}))
     used = {s for e in expressions() for s in SERIES.findall(e)}
     assert used - known == set()
-    # ... and the extender's and the nodescaler's own metrics are all on it.
+    # ... and the extender's, the nodescaler's and the gang controller's own metrics are all on it.
     families = {re.sub(r"_(bucket|count|sum|total)$", "", s) for s in ours}
     assert families - {re.sub(r"_(bucket|count|sum|total)$", "", s) for s in used} == set()
 
