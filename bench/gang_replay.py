@@ -500,7 +500,11 @@ def main() -> None:
     from runtime.pools import pools_from_node_specs
 
     started = time.monotonic()
-    version = code_version()
+    version = code_version()  # extender, scoring, runtime, gpuaas/cluster; the controller's files too:
+    import subprocess
+    gangs_changed = subprocess.run(["git", "status", "--porcelain", "--", "gangs"], capture_output=True, text=True,
+                                   cwd=Path(__file__).resolve().parents[1], timeout=10).stdout
+    version["uncommitted"] += [ln[3:] for ln in gangs_changed.splitlines()]
     nodes = random.Random(args.seed).sample(load_nodes(args.nodes), args.slice)
     spec = pools_from_node_specs(nodes)
     capacity = ClusterState(nodes).total_gpu_milli
