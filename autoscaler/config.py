@@ -88,16 +88,16 @@ class Target(Strict):
     max_replicas: int = Field(100, ge=1, description="most replicas")
     concurrency: int = Field(8, ge=1, description="requests one replica serves at once")
     cold_start_s: float = Field(60.0, ge=0, description="from asking for a replica to its first request")
-    beta: float = Field(1.5, ge=0, description="square-root staffing: slots = R + beta x sqrt(R), R = arrival rate x "
+    beta: float = Field(1.0, ge=0, description="square-root staffing: slots = R + beta x sqrt(R), R = arrival rate x "
                         "service time")
     drain_s: float | None = Field(None, gt=0, description="the visible queue is sized to drain within this long; "
                                   "unset: cold_start_s")
     scale_down_window_s: float | None = Field(None, ge=0, description="how long past recommendations are "
-                                              "remembered; unset: 15 x cold_start_s")
+                                              "remembered; unset: 30 x cold_start_s")
     hold_shape: Literal["flat", "linear"] = Field("linear", description="flat: hold the highest recommendation of the "
                                                   "window; linear: an older one counts for less, down to hold_floor")
-    hold_floor: float = Field(0.5, ge=0, le=1, description="share of a recommendation still held at the end of the "
-                              "window (hold_shape linear)")
+    hold_floor: float = Field(0.0, ge=0, le=1, description="share of a recommendation still held at the end of the "
+                              "window (hold_shape linear); 0: the memory fades out without a step")
     default_service_time_s: float = Field(1.0, gt=0, description="service time assumed until a request has "
                                           "finished")
     windows: Windows = Field(Windows(), description="PromQL ranges the default queries use")

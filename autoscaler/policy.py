@@ -2,16 +2,21 @@
 
 - `QueueDepthPolicy` (ours, "ours"): sizes replicas from the arrival rate and the measured service time with
   square-root staffing, adds capacity to drain what is already queued, looks one cold start ahead along the rate's
-  trend, comes down step by step as the memory of its recent recommendations fades (15 cold starts by default), and
-  never scales down on missing data.
-- `HpaPolicy` ("hpa"): a stock autoscaling/v2 HPA on a Pods metric (queue depth per pod, AverageValue target) with the
-  controller's defaults.
-- `KedaPolicy` ("keda"): a KEDA ScaledObject with a Prometheus trigger on the total queue depth (AverageValue), with
-  KEDA's defaults: 30 s polling for activation, activationThreshold 0, cooldown 300 s before scaling to zero,
-  minReplicaCount 0; between 1 and N replicas the HPA KEDA generates does the scaling (External metric).
+  trend, comes down step by step as the memory of its recent recommendations fades (linearly to nothing over 30 cold
+  starts by default, so that no step down comes at once when an old burst leaves the window), and never scales down on
+  missing data.
+- `HpaPolicy` ("hpa"): a stock autoscaling/v2 HPA on a Pods metric (in-flight requests or queue depth per pod,
+  AverageValue target) with the controller's defaults.
+- `KedaPolicy` ("keda"): a KEDA ScaledObject with a Prometheus trigger on the total in flight or the total queue depth
+  (AverageValue), with KEDA's defaults: 30 s polling for activation, activationThreshold 0, cooldown 300 s before
+  scaling to zero, minReplicaCount 0; between 1 and N replicas the HPA KEDA generates does the scaling.
+- `KpaPolicy` ("kpa"): Knative's Pod Autoscaler on concurrency with its defaults (stable and panic windows).
 - `StaticPolicy` ("static"): a fixed count.
 
-Each policy has `sync_period_s`: how often its loop runs (the simulator calls it that often; so does the controller).
+The emulations (hpa, keda, kpa) cite the source they follow in their docstrings; `gpuaas simulate autoscaling`
+compares them with ours. Each policy has `sync_period_s`: how often its loop runs (the simulator calls it that often;
+so does the controller), a `setting` (its configuration in words), and `initial_state(replicas)`: the memory of a
+fresh policy, or of one that has held `replicas` up to now (the simulator's warm start).
 """
 from __future__ import annotations
 
@@ -43,18 +48,19 @@ def _clamp(n: int, lo: int, hi: int) -> int:
 
 
 # ---- ours ---------------------------------------------------------------------------------------------------------
+HOLD_COLD_STARTS = 30  # the default scale-down memory, in cold starts
 @dataclass(frozen=True)
 class QueueDepthConfig:
     min_replicas: int = 1
     max_replicas: int = 100
     concurrency: int = 8  # requests one replica serves at once
     cold_start_s: float = 60.0  # from asking for a replica to its first request
-    beta: float = 1.5  # square-root staffing: slots = R + beta * sqrt(R), R = arrival rate x service time
+    beta: float = 1.0  # square-root staffing: slots = R + beta * sqrt(R), R = arrival rate x service time
     max_trend_factor: float = 2.0  # the rate one cold start ahead is at most this multiple of the rate now
     hold_shape: str = "linear"  # "flat": hold the highest recommendation of the window; "linear": an older one counts
-    hold_floor: float = 0.5  # less, down to this fraction of it at the window's end
+    hold_floor: float = 0.0  # less, down to this fraction of it at the window's end
     drain_s: float | None = None  # queued work is sized to drain within this long (default: cold_start_s)
-    scale_down_window_s: float | None = None  # remember recommendations this long (default: 15 cold starts)
+    scale_down_window_s: float | None = None  # remember recommendations this long (default: 30 cold starts)
     default_service_time_s: float = 1.0  # until a request has finished
     sync_period_s: float = 15.0
 
@@ -72,6 +78,21 @@ class QueueDepthConfig:
             raise ValueError(f"hold_shape must be flat or linear, got {self.hold_shape!r}")
         if not 0 <= self.hold_floor <= 1:
             raise ValueError(f"hold_floor must be within [0, 1], got {self.hold_floor}")
+
+    @property
+    def window_s(self) -> float:
+        if self.scale_down_window_s is not None:
+            return self.scale_down_window_s
+        return HOLD_COLD_STARTS * self.cold_start_s
+
+    def weight(self, age: float) -> float:
+        """The share of a past recommendation still held `age` seconds later ("linear"): all of it now, falling
+        linearly to `hold_floor` at the window's end, nothing after (with the default floor 0 the memory fades out
+        without a step)."""
+        window = self.window_s
+        if age >= window:
+            return 0.0
+        return 1.0 - (1.0 - self.hold_floor) * age / window if window > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -144,13 +165,11 @@ class QueueDepthPolicy:
                             + (f", scaling up to {desired} on the queue that is visible" if desired > current else ""),
                             scale_down_blocked=True), state
         need, _steady, why, state = self.demand(snap, state)
-        window = c.scale_down_window_s if c.scale_down_window_s is not None else 15 * c.cold_start_s
+        window = c.window_s
         recs = tuple((t, r) for t, r in state.recommendations if t > snap.now - window) + ((snap.now, need),)
         state = replace(state, recommendations=recs)
-        # "linear": an old recommendation counts less, down to `hold_floor` of it at the window's end
         if c.hold_shape == "linear":
-            held = max(math.ceil(r * (1 - (1 - c.hold_floor) * (snap.now - t) / window) - 1e-9)
-                       if window > 0 else r for t, r in recs)
+            held = max(math.ceil(r * c.weight(snap.now - t) - 1e-9) for t, r in recs)
         else:
             held = max(r for _, r in recs)
         stabilized = need if need >= current else min(current, held)

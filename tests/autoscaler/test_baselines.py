@@ -29,7 +29,7 @@ def test_hpa_on_inflight_and_on_queue():
 
 def test_hpa_warm_start_holds_for_the_stabilization_window():
     p = HpaPolicy(target=4, metric="inflight")
-    quiet = dict(queue_per_pod={"p0": 0.0, "p1": 0.0}, running_per_pod={"p0": 0.0, "p1": 0.0})
+    quiet = {"queue_per_pod": {"p0": 0.0, "p1": 0.0}, "running_per_pod": {"p0": 0.0, "p1": 0.0}}
     d, st = p.recommend(snap(now=7.5, **quiet), p.initial_state(2))
     assert d.desired == 2 and d.reason == "ScaleDownStabilized"
     d, _ = p.recommend(snap(now=301, **quiet), st)  # the warm recommendation (t = 0) left the 300 s window

@@ -82,7 +82,9 @@ class FakeTargets:
 
 def make(replicas=2, dry_run=False, **target):
     config = parse(AutoscalerConfig, {"interval_s": 15, "dry_run": dry_run, "targets": [
-        {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60, **target}]})
+        # the policy's arithmetic as these tests spell it out (beta 1.5, a linear hold down to half)
+        {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60, "beta": 1.5,
+         "hold_floor": 0.5, **target}]})
     prom, kube, clock = FakeProm(), FakeTargets(replicas), Clock(1_000_000.0)
     return Controller(config, prom, kube, clock=clock), prom, kube, clock
 
@@ -242,7 +244,8 @@ class Lease:
 def pair(replicas=2):
     """Two controllers on the same Prometheus and Deployment, as two replicas of the autoscaler."""
     config = parse(AutoscalerConfig, {"interval_s": 15, "targets": [
-        {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60}]})
+        {"deployment": "llm", "namespace": "inf", "max_replicas": 20, "scale_down_window_s": 60, "beta": 1.5,
+         "hold_floor": 0.5}]})
     prom, kube, clock, lease = FakeProm(), FakeTargets(replicas), Clock(1_000_000.0), Lease("a")
     a = Controller(config, prom, kube, clock=clock, may_act=lease.may_act("a"))
     b = Controller(config, prom, kube, clock=clock, may_act=lease.may_act("b"))
@@ -293,7 +296,7 @@ def test_losing_the_lease_in_the_middle_of_a_sync_stops_the_writes():
     # may_act is asked when the sync starts, when the target's sync starts, then before each write
     for answers, scaled, events, condition_writes in (
             ([True, True, False], [], [], 0),  # gone before the scale: nothing written
-            ([True, True, True, False], [7], ["ScaleUp"], 0)):  # gone after it: the scale and its event, no more
+            ([True, True, True, False], [6], ["ScaleUp"], 0)):  # gone after it: the scale and its event, no more
         it = iter(answers)
         kube = FakeTargets(2)
         Controller(config, FakeProm(), kube, clock=Clock(1_000_000.0),

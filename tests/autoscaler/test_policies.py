@@ -19,24 +19,24 @@ def ours(**cfg):
 
 
 def test_scale_up_is_sized_from_arrival_rate_and_service_time():
-    # 20 req/s x 2 s = 40 busy slots; + 1.5 * sqrt(40) = 9.49 -> 49.5 slots; / 8 per replica -> 7 replicas
+    # 20 req/s x 2 s = 40 busy slots; + 1.0 * sqrt(40) = 6.32 -> 46.3 slots; / 8 per replica -> 6 replicas
     d, _ = ours().recommend(snap(arrival_rate=20.0, arrival_rate_short=20.0, service_time=2.0), ours().initial_state())
-    assert (d.desired, d.reason) == (7, "ScaleUp")
+    assert (d.desired, d.reason) == (6, "ScaleUp")
     assert "arrival 20.00/s" in d.message
 
 
 def test_queue_adds_capacity_to_drain_it():
-    # 240 waiting x 2 s / 60 s drain = 8 slots more: (40 + 9.49 + 8) / 8 = 7.19 -> 8
+    # 240 waiting x 2 s / 60 s drain = 8 slots more: (40 + 6.32 + 8) / 8 = 6.79 -> 7
     d, _ = ours().recommend(snap(arrival_rate=20.0, service_time=2.0, queue_per_pod={"p0": 120.0, "p1": 120.0}),
                             ours().initial_state())
-    assert d.desired == 8
+    assert d.desired == 7
 
 
 def test_rising_rate_looks_one_cold_start_ahead():
     p = ours()
     _, st = p.recommend(snap(now=0, arrival_rate=10.0, service_time=1.0), p.initial_state())
-    # rate went 10 -> 12 in 15 s: slope 0.133/s; in 60 s: 12 + 8 = 20 req/s x 1 s = 20 slots + 1.5*sqrt(20) = 26.7
-    # -> ceil(26.7 / 8) = 4 (without the trend: 12 + 5.2 = 17.2 -> 3)
+    # rate went 10 -> 12 in 15 s: slope 0.133/s; in 60 s: 12 + 8 = 20 req/s x 1 s = 20 slots + sqrt(20) = 24.5
+    # -> ceil(24.5 / 8) = 4 (without the trend: 12 + 3.5 = 15.5 -> 2)
     d, _ = p.recommend(snap(now=15, arrival_rate=12.0, service_time=1.0), st)
     assert d.desired == 4
 
@@ -45,11 +45,11 @@ def test_scale_down_holds_the_highest_recommendation_of_the_window():
     p = ours(scale_down_window_s=60, hold_shape="flat")
     st = p.initial_state()
     d, st = p.recommend(snap(now=0, replicas=2, arrival_rate=20.0, service_time=2.0), st)
-    assert d.desired == 7
-    d, st = p.recommend(snap(now=30, replicas=7, arrival_rate=1.0, service_time=2.0), st)
-    assert (d.desired, d.reason) == (7, "ScaleDownStabilized")
-    d, st = p.recommend(snap(now=61, replicas=7, arrival_rate=1.0, service_time=2.0), st)
-    # 1 x 2 = 2 slots + 1.5*sqrt(2) = 4.1 -> 1 replica; the 7 of t=0 has left the 60 s window; the 1 of t=30 remains
+    assert d.desired == 6
+    d, st = p.recommend(snap(now=30, replicas=6, arrival_rate=1.0, service_time=2.0), st)
+    assert (d.desired, d.reason) == (6, "ScaleDownStabilized")
+    d, st = p.recommend(snap(now=61, replicas=6, arrival_rate=1.0, service_time=2.0), st)
+    # 1 x 2 = 2 slots + sqrt(2) = 3.4 -> 1 replica; the 6 of t=0 has left the 60 s window; the 1 of t=30 remains
     assert (d.desired, d.reason) == (1, "ScaleDown")
 
 
@@ -81,7 +81,7 @@ def test_linear_hold_lets_old_recommendations_fade():
     p = ours(scale_down_window_s=60, hold_shape="linear", hold_floor=0.5)
     st = p.initial_state()
     d, st = p.recommend(snap(now=0, replicas=2, arrival_rate=40.0, service_time=2.0), st)
-    # 80 slots + 1.5 sqrt(80) = 93.4 -> 12 replicas
+    # 80 slots + sqrt(80) = 88.9 -> 12 replicas
     assert d.desired == 12
     # 30 s later the 12 counts 1 - 0.5 * 30/60 = 0.75 of itself: ceil(9) = 9
     d, st = p.recommend(snap(now=30, replicas=12, arrival_rate=1.0, service_time=2.0), st)
@@ -89,6 +89,25 @@ def test_linear_hold_lets_old_recommendations_fade():
     # 54 s: 12 x (1 - 0.45) = 6.6 -> 7
     d, st = p.recommend(snap(now=54, replicas=9, arrival_rate=1.0, service_time=2.0), st)
     assert d.desired == 7
+
+
+def test_default_hold_fades_out_without_a_step():
+    p = ours(scale_down_window_s=60)  # default: linear to nothing at the window's end
+    d, st = p.recommend(snap(now=0, replicas=2, arrival_rate=40.0, service_time=2.0), p.initial_state())
+    assert d.desired == 12
+    held = []
+    for now in (15, 30, 45, 59):
+        d, st = p.recommend(snap(now=now, replicas=d.desired, arrival_rate=0.0, service_time=2.0), st)
+        held.append(d.desired)
+    assert held == [9, 6, 3, 1]  # 12 x (1 - age / 60), then the floor of 1 replica
+
+
+def test_warm_start_remembers_the_fleet_it_starts_with():
+    p = ours(scale_down_window_s=60)
+    d, _ = p.recommend(snap(now=30, replicas=10, arrival_rate=0.0, service_time=1.0), p.initial_state(10))
+    assert d.desired == 5  # the warm memory (10 at t = 0) at half the window
+    d, _ = p.recommend(snap(now=30, replicas=10, arrival_rate=0.0, service_time=1.0), p.initial_state())
+    assert d.desired == 1  # a fresh policy drops to what the load needs at once
 
 
 def test_min_max_clamp_is_reported():
