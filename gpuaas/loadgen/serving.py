@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .trace import Arrival
 
@@ -109,6 +109,7 @@ class ServingSystem:
         # Serving replicas that take requests, by outstanding count (routing picks the least loaded in O(room)).
         self._by_load: list[dict[int, Replica]] = [{} for _ in range(model.concurrency + model.max_waiting + 1)]
         self._inflight = 0  # requests arrived and not finished
+        self.arrival_limit: int | None = None  # arrivals from this index on are held back (what-if forks)
         self._inflight_area = 0.0  # integral of _inflight over time, up to _area_t
         self._area_t = 0.0
 
@@ -140,6 +141,32 @@ class ServingSystem:
         if r.running == 0:
             r.gone_at = now
 
+    def remove_replicas(self, n: int, now: float | None = None) -> None:
+        """Remove `n` replicas as a ReplicaSet picks the pods to delete: not yet serving first (the newest first), then
+        the least busy."""
+        live = self.live()
+        live.sort(key=lambda r: (r.serving, r.outstanding, -r.asked_at))
+        for r in live[:n]:
+            self.remove_replica(r.name, now)
+
+    def fork(self) -> ServingSystem:
+        """An independent copy of the system as it is now (the arrivals and service times shared, read-only), for
+        what-if runs. Replicas already gone are left out."""
+        new = object.__new__(ServingSystem)
+        new.model, new.arrival_t, new.service = self.model, self.arrival_t, self.service
+        new.start_t = list(self.start_t)
+        new.replicas = {n: replace(r, queue=deque(r.queue)) for n, r in self.replicas.items() if r.gone_at is None}
+        new.gateway = deque(self.gateway)
+        new.now, new._next, new._events, new._seq, new._created = (self.now, self._next, list(self._events),
+                                                                   self._seq, self._created)
+        new._by_load = [{} for _ in self._by_load]
+        for r in new.replicas.values():
+            if r.serving and not r.draining:
+                new._by_load[r.outstanding][r.seq] = r
+        new._inflight, new._inflight_area, new._area_t = self._inflight, self._inflight_area, self._area_t
+        new.arrival_limit = self.arrival_limit
+        return new
+
     def live(self) -> list[Replica]:
         """Replicas asked for and not being removed (what a Deployment's replica count means)."""
         return [r for r in self.replicas.values() if not r.draining]
@@ -150,7 +177,7 @@ class ServingSystem:
     # ---- time -----------------------------------------------------------------------------------------------------
     def advance(self, until: float) -> None:
         arrival_t, events = self.arrival_t, self._events
-        n = len(arrival_t)
+        n = len(arrival_t) if self.arrival_limit is None else min(len(arrival_t), self.arrival_limit)
         while True:
             t_arr = arrival_t[self._next] if self._next < n else math.inf
             t_ev = events[0][0] if events else math.inf
@@ -256,7 +283,9 @@ class ServingSystem:
         self._push(now + self.service[i], _DONE, r.name, i)
 
     def _on_event(self, t: float, kind: int, name: str, i: int) -> None:
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:  # a replica gone before it served, left out of a fork
+            return
         if kind == _READY:
             if r.draining or r.gone_at is not None:
                 return

@@ -143,11 +143,7 @@ def simulate(arrivals: list[Arrival], policy: ReplicaPolicy, model: ServiceModel
             system.add_replica(f"r{counter:05d}", now, cold_start_s=cold)
 
     def remove(n: int, now: float) -> None:
-        live = system.live()
-        # As a ReplicaSet picks pods to delete: not yet serving first (newest first), then the least busy.
-        live.sort(key=lambda r: (r.serving, r.outstanding, -r.asked_at))
-        for r in live[:n]:
-            system.remove_replica(r.name, now)
+        system.remove_replicas(n, now)
 
     add(initial_replicas, 0.0, cold=0.0)
     system.advance(0.0)

@@ -39,6 +39,19 @@ def test_routing_picks_the_least_loaded_then_the_oldest():
     assert s.replicas["a"].received_total == 3
 
 
+def test_a_fork_is_an_independent_what_if():
+    s = ServingSystem(ServiceModel(concurrency=1, max_waiting=0), arrivals([0.0, 0.0, 0.0, 3.0]))
+    s.add_replica("a", 0, cold_start_s=0)
+    s.advance(0.5)
+    f = s.fork()
+    f.add_replica("b", 0.5, cold_start_s=0)
+    f.arrival_limit = 3  # the arrival at 3 s held back
+    f.advance(10)
+    assert sorted(f.queue_waits()) == [0, 0.5, 1.0] and f.arrived_total() == 3
+    s.advance(10)
+    assert sorted(s.queue_waits()) == [0, 0, 1, 2]  # the original kept one replica and took the 4th arrival
+
+
 def test_window_wraps_and_prerolls():
     trace = arrivals([0, 1, 2, 5])  # span 6
     assert [a.t for a in window(trace, 0, None, 2)] == [1, 2, 3, 4, 7]  # 5 -> pre-roll at 1; the trace from 2
