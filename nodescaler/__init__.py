@@ -6,7 +6,8 @@ first), drain and remove idle GPU nodes without breaking PodDisruptionBudgets, o
 - scaleout.py   what to grow / repartition for pending pods (pure; scoring.planner)
 - scalein.py    which nodes to drain: one small type per disruption method (pure)
 - drain.py      the drain state machine recorded on the node (pure steps + patches)
-- provider.py   Provider protocol, KWOK provider, fake
+- provider.py   Provider protocol, KWOK provider, per-group dispatch, fake
+- karpenter.py  Karpenter provider: standalone NodeClaims (Karpenter launches, gpuaas drains then deletes)
 - controller.py decide (pure) + NodeScaler.run_once(now) over a thin Kubernetes shell
 - service.py    the process: informers, leader election, /metrics, the loop
 """

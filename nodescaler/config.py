@@ -13,6 +13,12 @@ to a group by the label `gpuaas.io/pool: <group name>`, as pool nodes do.
       provisioning_delay_s: 90      # KWOK provider: GPUs become allocatable this long after the grow request
       max_provision_s: 900          # a node never GPU-ready by then counts as failed: group backs off
       cost_per_hour: 32.8
+    - name: h100x8                  # nodes from Karpenter: standalone NodeClaims (nodescaler/karpenter.py)
+      template: {gpu: {model: H100-80GB, count: 8}, cpu: "192", memory: 2Ti}
+      max_size: 32
+      cost_per_hour: 98.3
+      provider: karpenter
+      karpenter: {instance_type: p5.48xlarge, node_class: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: gpu}}
     scale_in: {utilization_threshold: 0.5, unneeded_s: 600}
 
 Loaded with runtime.config.load_config (file, then GPUAAS_NODESCALER_* environment variables).
@@ -41,6 +47,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+PROVIDERS = ("kwok", "karpenter")
+
+
+class NodeClassRef(_Strict):
+    group: str = Field(default="karpenter.kwok.sh", min_length=1, description="API group of the node class "
+                       "(`karpenter.k8s.aws` for EC2NodeClass on EKS)")
+    kind: str = Field(default="KWOKNodeClass", min_length=1, description="kind of the node class "
+                      "(`EC2NodeClass` on EKS)")
+    name: str = Field(default="default", min_length=1, description="name of the node class object")
+
+
+class KarpenterGroupConfig(_Strict):
+    """How a node of the group is asked of Karpenter: one standalone NodeClaim per node (nodescaler/karpenter.py)."""
+
+    instance_type: str = Field(min_length=1, description="the instance type a node of the group is: the NodeClaim's "
+                               "requirement `node.kubernetes.io/instance-type In [it]`; the template must describe "
+                               "what that instance type offers")
+    node_class: NodeClassRef = Field(default=NodeClassRef(), description="the NodeClaim's nodeClassRef (the "
+                                     "provider-specific settings: AMI, subnets, ...); must exist, or the launch "
+                                     "fails and the group backs off")
+    requirements: list[dict[str, Any]] = Field(default_factory=list, description="more NodeClaim requirements "
+                                               "(`{key, operator, values}`), e.g. `karpenter.sh/capacity-type In "
+                                               "[on-demand]` or a zone; not the instance type")
+    termination_grace_period_s: int | None = Field(default=None, ge=0, description="the NodeClaim's "
+                                                   "terminationGracePeriod: how long Karpenter's own drain of a "
+                                                   "deleted NodeClaim may wait on pods (gpuaas has drained it first); "
+                                                   "null: Karpenter waits as long as it takes")
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for r in v:
+            if set(r) - {"key", "operator", "values", "minValues"} or not r.get("key") or not r.get("operator"):
+                raise ValueError(f"requirement {r}: needs key and operator (and values), nothing else")
+            if r["key"] == "node.kubernetes.io/instance-type":
+                raise ValueError("the instance type is karpenter.instance_type, not a requirement")
+        return v
+
+
 class NodeGroupConfig(_Strict):
     name: str = Field(description="group name; its nodes carry the label `gpuaas.io/pool: <name>`")
     template: dict[str, Any] = Field(description="what a node of the group is: a pool of the pool spec without "
@@ -55,9 +100,17 @@ class NodeGroupConfig(_Strict):
                                    "node that was GPU-ready once and goes unready is never a failed provision (see "
                                    "scale_in.unready_drain_s)")
     cost_per_hour: float = Field(gt=0, description="price of one node; scale-out buys the cheapest set of nodes")
+    provider: str | None = Field(default=None, pattern="^(kwok|karpenter)$", description="where this group's nodes "
+                                 "come from: `kwok` (Node objects kwok plays: local clusters, demos) or `karpenter` "
+                                 "(standalone NodeClaims: Karpenter launches and registers the node); null: the "
+                                 "top-level `provider`")
+    karpenter: KarpenterGroupConfig | None = Field(default=None, description="provider `karpenter`: the instance "
+                                                   "type and node class of the NodeClaims")
 
     @model_validator(mode="after")
     def _check(self) -> NodeGroupConfig:
+        if self.provider == "karpenter" and self.karpenter is None:
+            raise ValueError(f"group {self.name}: provider karpenter needs a karpenter section (instance_type)")
         if self.min_size > self.max_size:
             raise ValueError(f"group {self.name}: min_size {self.min_size} is more than max_size {self.max_size}")
         for key in ("name", "count"):
@@ -168,8 +221,8 @@ class NodeScalerConfig(_Strict):
     scale_out: ScaleOutConfig = Field(default=ScaleOutConfig(), description="adding capacity for pending pods")
     scale_in: ScaleInConfig = Field(default=ScaleInConfig(), description="removing idle nodes")
     leader_election: LeaderElectionConfig = Field(default=LeaderElectionConfig(), description="one active replica")
-    provider: str = Field(default="kwok", pattern="^(kwok)$", description="where nodes come from (only the KWOK "
-                          "provider exists)")
+    provider: str = Field(default="kwok", pattern="^(kwok|karpenter)$", description="where the nodes of groups "
+                          "that name no `provider` come from: `kwok` or `karpenter` (docs/node-autoscaling.md)")
     dry_run: bool = Field(default=False, description="decide and log, never change the cluster")
     max_watch_stale_s: float = Field(default=60.0, gt=0, description="/readyz fails once a node, pod or PDB watch "
                                      "has been broken this long (no watch open, no list, event or bookmark since), "
@@ -181,10 +234,17 @@ class NodeScalerConfig(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"group names used twice: {', '.join(sorted(dup))}")
+        for g in self.groups:
+            if self.provider_of(g) == "karpenter" and g.karpenter is None:
+                raise ValueError(f"group {g.name}: provider karpenter needs a karpenter section (instance_type)")
         return self
 
     def group(self, name: str) -> NodeGroupConfig | None:
         return next((g for g in self.groups if g.name == name), None)
+
+    def provider_of(self, group: NodeGroupConfig) -> str:
+        """The provider of `group`: its own `provider`, else the top-level one."""
+        return group.provider or self.provider
 
 
 def load_nodescaler_config(path: Path | str | None, *, environ: dict[str, str] | None = None,
@@ -193,8 +253,11 @@ def load_nodescaler_config(path: Path | str | None, *, environ: dict[str, str] |
 
 
 __all__ = [
+    "PROVIDERS",
     "ConfigError",
+    "KarpenterGroupConfig",
     "LeaderElectionConfig",
+    "NodeClassRef",
     "NodeGroupConfig",
     "NodeScalerConfig",
     "ScaleInConfig",

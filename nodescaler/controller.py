@@ -12,10 +12,15 @@ what can have changed since the snapshot:
   lease is released only once no write can start or be in flight.
 
 A node that never became GPU-ready within its group's `max_provision_s` is a failed provision: its group backs off and
-it is deleted (if no pod must move). "Never" is known from the node itself: the first reconcile that sees a node
-GPU-ready writes the annotation `gpuaas.io/gpu-ready-seen`, and pods bound to a node are evidence too. A node in service
-that goes unready (kubelet trouble, a device-plugin restart, a MIG reconfiguration) keeps its pods: it is left alone,
-and after `scale_in.unready_drain_s` drained like an idle node (scalein.Unready).
+it is deleted (if no pod must move). So is a grow request the provider reports it failed to launch (`Provider.status`:
+a NodeClaim Karpenter could not launch), or one that never became a node by then: the group backs off and the request
+is withdrawn (`Provider.cancel`). Requests on their way are read back from the provider each reconcile (a NodeClaim
+is an object of its own), so a restarted or new leader does not ask for them twice.
+
+"Never" is known from the node itself: the first reconcile that sees a node GPU-ready writes the annotation
+`gpuaas.io/gpu-ready-seen`, and pods bound to a node are evidence too. A node in service that goes unready (kubelet
+trouble, a device-plugin restart, a MIG reconfiguration) keeps its pods: it is left alone, and after
+`scale_in.unready_drain_s` drained like an idle node (scalein.Unready).
 
 Order within a reconcile: nodes that never became GPU-ready are removed (their group backs off), scale-out (pods are
 waiting on it), drains in progress go on, then scale-in (skipped in a reconcile that scaled out, as
@@ -47,7 +52,7 @@ from .drain import (
     start_patch,
 )
 from .metrics import Metrics
-from .provider import NodeNotFound, Provider, ProviderError
+from .provider import LaunchFailure, NodeNotFound, Provider, ProviderError, ProviderStatus
 from .scalein import Round, must_move, plan_scale_in, update_unneeded, update_unready
 from .scaleout import ScaleOutPlan, SetMigConfig, Upcoming, plan_scale_out
 from .snapshot import DRAIN_ANNOTATION, GPU_READY_SEEN_ANNOTATION, ClusterSnapshot, DrainRecord, in_service, pod_info
@@ -79,6 +84,7 @@ class ReconcilePlan:
     drains: list[DrainAction] = field(default_factory=list)
     failed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (node, group) never became GPU-ready
     expired: list[Upcoming] = field(default_factory=list)  # asked for, never registered
+    launch_failed: list[LaunchFailure] = field(default_factory=list)  # the provider could not launch them
     scale_out: ScaleOutPlan = field(default_factory=ScaleOutPlan)
     scale_in: Round | None = None
     unneeded: dict[str, float] = field(default_factory=dict)
@@ -86,8 +92,10 @@ class ReconcilePlan:
     seen_ready: list[str] = field(default_factory=list)  # GPU-ready, not annotated so yet: annotate them
 
 
-def decide(snap: ClusterSnapshot, memory: Memory, config: NodeScalerConfig) -> ReconcilePlan:
-    """Everything one reconcile will do, from the snapshot and the memory alone."""
+def decide(snap: ClusterSnapshot, memory: Memory, config: NodeScalerConfig,
+           failures: list[LaunchFailure] | tuple[LaunchFailure, ...] = ()) -> ReconcilePlan:
+    """Everything one reconcile will do, from the snapshot and the memory alone (and the launch failures the
+    provider reported since the last reconcile)."""
     d = ReconcilePlan()
     now = snap.now
     for n in sorted(snap.nodes.values(), key=lambda n: n.name):
@@ -106,12 +114,15 @@ def decide(snap: ClusterSnapshot, memory: Memory, config: NodeScalerConfig) -> R
                 d.seen_ready.append(n.name)
         elif now - n.created > group.max_provision_s and not in_service(n, snap.pods_on(n.name)):
             d.failed_nodes.append((n.name, n.group))
+    d.launch_failed = [f for f in failures if config.group(f.group) is not None]
+    failed = {f.name for f in d.launch_failed}
     requested: list[Upcoming] = []
     for u in memory.requested:
-        if u.name in snap.nodes:
+        if snap.registered(u.name) or u.name in failed:
             continue  # registered: the snapshot tracks it from here
         (d.expired if now > u.deadline else requested).append(u)
-    backed_off = memory.backed_off(now) | {g for _, g in d.failed_nodes} | {u.group for u in d.expired}
+    backed_off = memory.backed_off(now) | {g for _, g in d.failed_nodes} | {u.group for u in d.expired} \
+        | {f.group for f in d.launch_failed}
     if config.scale_out.enabled:
         d.scale_out = plan_scale_out(snap, config, requested=requested, backed_off=backed_off)
     d.unneeded = update_unneeded(memory.unneeded, snap, config)
@@ -264,10 +275,30 @@ class NodeScaler:
         with self._acting:
             return self._run_once(now, snap)
 
+    def _provider_status(self, now: float, snap: ClusterSnapshot) -> list[LaunchFailure]:
+        """Read back the requests on their way from a provider whose requests are objects of their own (NodeClaims),
+        into `memory.requested`; return the launch failures it reports."""
+        fn = getattr(self.provider, "status", None)
+        if fn is None:
+            return []
+        try:
+            st: ProviderStatus = fn(now)
+        except Exception as err:  # the API may fail; the next reconcile reads again
+            self.metrics.errors.labels("provider_status").inc()
+            log.warning("reading the provider's requests: %s", err)
+            return []
+        known = {u.name for u in self.memory.requested}
+        for r in st.in_flight:
+            group = self.config.group(r.group)
+            if group is not None and r.name not in known and not snap.registered(r.name):
+                self.memory.requested.append(Upcoming(r.name, r.group, r.requested_at + group.max_provision_s))
+        return st.failures
+
     def _run_once(self, now: float, snap: ClusterSnapshot | None) -> Report:
         t0 = time.perf_counter()
         snap = self.snapshot(now) if snap is None else snap
-        decision = decide(snap, self.memory, self.config)
+        failures = [] if self.config.dry_run else self._provider_status(now, snap)
+        decision = decide(snap, self.memory, self.config, failures)
         report = Report(now, decide_s=time.perf_counter() - t0)
         newly_unready = sorted(set(decision.unready) - set(self.memory.unready))
         self.memory.unneeded = decision.unneeded
@@ -383,7 +414,7 @@ class NodeScaler:
     # -- nodes that never came up ------------------------------------------------------------------------------------
     def _failed(self, d: ReconcilePlan, report: Report) -> None:
         now = self.wall()
-        groups = {g for _, g in d.failed_nodes} | {u.group for u in d.expired}
+        groups = {g for _, g in d.failed_nodes} | {u.group for u in d.expired} | {f.group for f in d.launch_failed}
         for g in groups:
             _, failures = self.memory.backoff.get(g, (0.0, 0))
             failures += 1
@@ -391,9 +422,27 @@ class NodeScaler:
             delay = min(cfg.backoff_initial_s * 2 ** (failures - 1), cfg.backoff_max_s)
             self.memory.backoff[g] = (now + delay, failures)
             self.metrics.decisions.labels("provision_failed", g).inc()
-            log.warning("group %s backs off for %.0fs: nodes did not become GPU-ready in time", g, delay)
-        expired = {u.name for u in d.expired}
-        self.memory.requested = [u for u in self.memory.requested if u.name not in expired]
+            why = "a launch failed" if g in {f.group for f in d.launch_failed} else \
+                "nodes did not become GPU-ready in time"
+            log.warning("group %s backs off for %.0fs: %s", g, delay, why)
+        gone = {u.name for u in d.expired} | {f.name for f in d.launch_failed}
+        self.memory.requested = [u for u in self.memory.requested if u.name not in gone]
+        for f in d.launch_failed:
+            self._event(f.obj, "Warning", "LaunchFailed", f"{f.reason}; group {f.group} backs off")
+            log.warning("group %s: %s did not launch: %s", f.group, f.name, f.reason)
+        # Withdraw what will not become a node: expired requests, failed launches still there (a NodeClaim).
+        for name, group_name in [(u.name, u.group) for u in d.expired] + \
+                [(f.name, f.group) for f in d.launch_failed if f.present]:
+            cancel, gcfg = getattr(self.provider, "cancel", None), self.config.group(group_name)
+            if cancel is None or gcfg is None:
+                continue
+            self._check()
+            try:
+                cancel(gcfg, name)
+                report.skipped.append(f"{name}: withdrawn")
+            except ProviderError as err:
+                self.metrics.errors.labels("cancel").inc()
+                log.warning("withdrawing %s: %s", name, err)
         for node, group in d.failed_nodes:
             self._event(node_ref(node), "Warning", "ProvisioningFailed",
                         f"never GPU-ready within max_provision_s; group {group} backs off")

@@ -1,8 +1,13 @@
-"""Where nodes come from: the provider interface, the KWOK provider and an in-memory fake for tests.
+"""Where nodes come from: the provider interface, the KWOK provider, the per-group dispatcher and an in-memory fake.
 
 A cloud provider plugs in behind `Provider` (each method's docstring says whether it is required). The controller
 never assumes a node exists because it asked for one: it reads Nodes from the API, and a grow request that does not
-turn into GPU-ready nodes within the group's `max_provision_s` backs the group off.
+turn into GPU-ready nodes within the group's `max_provision_s` backs the group off. Each group names its provider
+(`NodeGroupConfig.provider`, default the top-level `provider`); `GroupProviders` sends each call to the group's.
+
+Providers: `kwok` (here) and `karpenter` (nodescaler/karpenter.py: standalone NodeClaims that Karpenter launches). A
+provider whose requests are objects of their own (a NodeClaim is not a Node) also implements `status` (requests still
+on their way, and the ones that failed to launch, read from its objects so that they survive a restart) and `cancel`.
 
 KWOK provider. A real GPU node registers first and advertises its GPUs only once the driver and the device plugin are
 up; cluster-autoscaler and Karpenter both stumble on that gap (double scale-ups, autoscaler#1949, karpenter#1459). The
@@ -57,14 +62,80 @@ def is_not_found(err: BaseException) -> bool:
     return isinstance(err, NodeNotFound)
 
 
+@dataclass(frozen=True)
+class Requested:
+    """A grow request still on its way, as the provider's own objects show it (a NodeClaim without a node yet)."""
+
+    name: str  # what grow returned for it
+    group: str
+    requested_at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    """A grow request the provider failed to launch (insufficient capacity, a missing node class, ...)."""
+
+    name: str
+    group: str
+    reason: str
+    obj: dict[str, str] = field(default_factory=dict)  # what events about it refer to (apiVersion, kind, name)
+    present: bool = False  # the request's object still exists: `cancel` removes it
+
+
+@dataclass
+class ProviderStatus:
+    in_flight: list[Requested] = field(default_factory=list)
+    failures: list[LaunchFailure] = field(default_factory=list)
+
+
 class Provider(Protocol):
     def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
-        """Ask for `count` more nodes of `group`; return their names (they may register later). Implementation
-        required."""
+        """Ask for `count` more nodes of `group`; return the names of the requests: the names of the Nodes, or of the
+        objects that will own them (`NodeInfo.claim`). They may register later. Implementation required."""
 
     def delete_node(self, group: NodeGroupConfig, name: str) -> None:
         """Remove the node (instance and Node object). Raises NodeNotFound if it is already gone. Implementation
         required."""
+
+    # Optional (looked up with getattr by the controller):
+    #   status(now) -> ProviderStatus: the requests on their way and the launch failures not reported before; called
+    #     once per reconcile.
+    #   cancel(group, name): withdraw a request that has not become a node (it expired, or failed to launch).
+
+
+class GroupProviders:
+    """`Provider` over several providers: each call goes to the provider of the group it names."""
+
+    def __init__(self, providers: dict[str, Provider], provider_of: Callable[[NodeGroupConfig], str]):
+        self.providers = providers
+        self.provider_of = provider_of
+
+    def _for(self, group: NodeGroupConfig) -> Provider:
+        name = self.provider_of(group)
+        if name not in self.providers:
+            raise ProviderError(f"group {group.name}: provider {name} is not set up")
+        return self.providers[name]
+
+    def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
+        return self._for(group).grow(group, count)
+
+    def delete_node(self, group: NodeGroupConfig, name: str) -> None:
+        self._for(group).delete_node(group, name)
+
+    def status(self, now: float) -> ProviderStatus:
+        out = ProviderStatus()
+        for p in self.providers.values():
+            fn = getattr(p, "status", None)
+            if fn is not None:
+                st = fn(now)
+                out.in_flight += st.in_flight
+                out.failures += st.failures
+        return out
+
+    def cancel(self, group: NodeGroupConfig, name: str) -> None:
+        fn = getattr(self._for(group), "cancel", None)
+        if fn is not None:
+            fn(group, name)
 
 
 def kwok_node(node: dict[str, Any]) -> dict[str, Any]:

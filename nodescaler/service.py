@@ -24,7 +24,7 @@ from scoring.clusterview import ClusterView
 from .config import NodeScalerConfig
 from .controller import KubeCluster, NodeScaler
 from .metrics import Metrics
-from .provider import KwokProvider
+from .provider import GroupProviders, KwokProvider, Provider
 from .snapshot import build_snapshot, pod_info
 
 log = logging.getLogger("gpuaas.nodescaler")
@@ -40,8 +40,7 @@ class Service:
         self.elector, self.write_timeout = component_elector(self.api, config.leader_election, identity=identity,
                                                              kubeconfig=kubeconfig, on_change=self._leadership_changed)
         self.cluster = KubeCluster(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
-        self.scaler = NodeScaler(config, self._no_snapshot, self.cluster,
-                                 KwokProvider(self.api, request_timeout=self.write_timeout, may_act=self.may_write),
+        self.scaler = NodeScaler(config, self._no_snapshot, self.cluster, self._providers(),
                                  metrics=self.metrics, may_act=self.may_write)
         self.view = ClusterView(config.scale_out.policy)
         self.trigger = asyncio.Event()
@@ -64,6 +63,19 @@ class Service:
         if leader and self._event_loop is not None:
             self._new_leader = True
             self._event_loop.call_soon_threadsafe(self.trigger.set)
+
+    def _providers(self) -> GroupProviders:
+        """The providers the groups name (each group its own, else the top-level `provider`)."""
+        used = {self.config.provider_of(g) for g in self.config.groups}
+        providers: dict[str, Provider] = {}
+        if "kwok" in used:
+            providers["kwok"] = KwokProvider(self.api, request_timeout=self.write_timeout, may_act=self.may_write)
+        if "karpenter" in used:
+            from .karpenter import KarpenterProvider
+
+            providers["karpenter"] = KarpenterProvider(self.api, request_timeout=self.write_timeout,
+                                                       may_act=self.may_write)
+        return GroupProviders(providers, self.config.provider_of)
 
     @staticmethod
     def _no_snapshot(now: float):

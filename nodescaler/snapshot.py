@@ -93,6 +93,9 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     gpu_ready_seen: float | None = None  # GPU_READY_SEEN_ANNOTATION: when gpuaas first saw it GPU-ready
+    # The NodeClaim the node belongs to (its ownerReference, set by Karpenter when the node registers), or "": a grow
+    # request of the Karpenter provider is a NodeClaim, and this tells which node it became.
+    claim: str = ""
 
     @property
     def booting(self) -> bool:
@@ -173,6 +176,7 @@ class ClusterSnapshot:
     state: ClusterState  # GPU-ready nodes and everything bound to them; decisions copy it before changing it
     unreadable: dict[str, str] = field(default_factory=dict)  # object key -> why it could not be read
     workload: Any = None  # the pod shapes the policy weighs (scoring.fragmentation.Workload), as the extender learns it
+    _claims: set[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def pods_on(self, node: str) -> list[PodInfo]:
         return [p for p in self.pods if p.node == node and p.holds]
@@ -196,6 +200,14 @@ class ClusterSnapshot:
 
     def group_nodes(self, group: str) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if n.group == group]
+
+    def registered(self, name: str) -> bool:
+        """A grow request named `name` has become a node: a node of that name, or one its NodeClaim owns."""
+        if name in self.nodes:
+            return True
+        if self._claims is None:
+            self._claims = {n.claim for n in self.nodes.values() if n.claim}
+        return name in self._claims
 
 
 def _allocatable_gpus(node: Obj) -> int:
@@ -236,7 +248,13 @@ def node_info(node: Obj) -> NodeInfo:
         scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
         mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
         product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels),
-        taints=node_taints(node), gpu_ready_seen=seen)
+        taints=node_taints(node), gpu_ready_seen=seen, claim=_owner_claim(meta))
+
+
+def _owner_claim(meta: Obj) -> str:
+    """The name of the Karpenter NodeClaim among the node's ownerReferences, or ""."""
+    return next((o.get("name", "") for o in meta.get("ownerReferences") or ()
+                 if o.get("kind") == "NodeClaim" and str(o.get("apiVersion", "")).startswith("karpenter.sh/")), "")
 
 
 def pod_info(pod: Obj) -> PodInfo:
