@@ -73,7 +73,8 @@ from bench.extender_replay import (
     kind_rank,
     ratio,
 )
-from scoring.gangs import GANG_GATE, GANG_LABEL, GANG_SIZE_ANNOTATION, HOSTNAME_LABEL, RELEASED_ANNOTATION, gates
+from scoring.constraints import HOSTNAME_LABEL
+from scoring.gangs import GANG_GATE, GANG_LABEL, GANG_SIZE_ANNOTATION, RELEASED_ANNOTATION, gates
 from scoring.model import MILLI, ClusterState, PodDemand
 
 MODES = ("gangs", "one_by_one")

@@ -13,9 +13,17 @@ from scoring import verdicts
 from scoring.clusterview import ClusterView
 from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
 from scoring.fit import feasible
-from scoring.kubeobjects import DEVICES_ANNOTATION, ObjectError, UnsupportedDemand, format_devices, pod_key
+from scoring.kubeobjects import (
+    DEVICES_ANNOTATION,
+    ObjectError,
+    UnsupportedDemand,
+    format_devices,
+    planned_devices,
+    pod_key,
+)
 from scoring.model import ClusterState, PodDemand
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
+from scoring.policies import Policy
 from scoring.queueplan import QueuePlan, plan_queue
 
 from .binder import Binder, BindError
@@ -135,9 +143,23 @@ class ExtenderService:
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
-            self.view.assume(key, pick, demand, tuple(policy.devices(state, demand, node)))
+            self.view.assume(key, pick, demand, self._devices(args.Pod, state, policy, demand, node))
         self.metrics.decisions.labels("prioritize", "scored").inc(len(scored.names))
         return scored
+
+    @staticmethod
+    def _devices(pod: dict[str, Any], state: ClusterState, policy: Policy, demand: PodDemand,
+                 node: int) -> tuple[int, ...]:
+        """The GPUs for the pod on `node`: those a placement planned for it there (a gang's member: the gang
+        controller planned every member's GPUs together, and another choice can leave a later member without room)
+        when they are still free, else the policy's choice."""
+        if not demand.gpus:
+            return ()
+        planned = planned_devices(pod)
+        if planned is not None and planned[0] == state.names[node] and \
+                verdicts.devices_free(state, node, demand, planned[1]):
+            return planned[1]
+        return tuple(policy.devices(state, demand, node))
 
     def _queue_plan(self, state: ClusterState) -> QueuePlan | None:
         """The joint plan of the pending GPU pods, made again when older than refresh_s or when the model was
@@ -151,7 +173,8 @@ class ExtenderService:
         if self.plan is None or now - self.plan.made_at >= qp.refresh_s or self._plan_model != self.view.rebuilds:
             started = time.perf_counter()
             self.plan = plan_queue(state, self.view.policy_name, self.view.workload(), waiting, now=now,
-                                   max_wait_s=qp.max_wait_s, window=qp.window)
+                                   max_wait_s=qp.max_wait_s, window=qp.window,
+                                   rows_by_hostname=self.view.rows_by_hostname())
             self._plan_model = self.view.rebuilds
             self.metrics.queue_plan.observe(time.perf_counter() - started)
             self.metrics.decisions.labels("queue-plan", "planned").inc(len(self.plan.planned))
@@ -213,7 +236,7 @@ class ExtenderService:
         if held is not None and held.node == args.Node and verdicts.devices_free(state, node, demand, held.devices):
             devices = held.devices  # what prioritize chose on this node, on the same state minus this pod
         else:
-            devices = policy.devices(state, demand, node) if demand.gpus else ()
+            devices = self._devices(pod, state, policy, demand, node)
         self.view.assume(key, args.Node, demand, tuple(devices))
         self._reserve_unplanned(key, node, demand, tuple(devices))
         started = time.perf_counter()

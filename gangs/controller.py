@@ -14,14 +14,15 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runtime.events import EventRecorder, pod_ref
+from scoring.constraints import HOSTNAME_LABEL
 from scoring.fragmentation import Workload
 from scoring.gangs import (
     GANG_GATE,
-    HOSTNAME_LABEL,
     RELEASED_ANNOTATION,
     Gang,
     GangDecision,
@@ -34,7 +35,7 @@ from scoring.gangs import (
     member,
     solo_group,
 )
-from scoring.kubeobjects import ObjectError, pod_key
+from scoring.kubeobjects import PLANNED_DEVICES_ANNOTATION, ObjectError, format_planned_devices, pod_key
 from scoring.model import ClusterState, PodDemand
 
 from .dra import Allocate, Assumed, ClaimWriter, DraInputs, DraRound, allocations, claim_assumption, cleanup, prepare
@@ -44,6 +45,7 @@ log = logging.getLogger("gpuaas.gangs")
 
 Obj = dict[str, Any]
 COMPONENT = "gpuaas-gangs"
+WRITERS = 8  # pins and gate removals in flight at once
 DRA_SHAPES = 5000  # pods whose claims' demand is remembered for the learned workload (the view's window)
 WRITTEN = 1000  # allocations /claims remembers
 
@@ -54,6 +56,7 @@ class Pin:
     uid: str
     hostname: str
     released_at: float
+    planned: str = ""  # the GPUs planned for it ("<node>:<i>,<j>", scoring.kubeobjects.PLANNED_DEVICES_ANNOTATION)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ Command = Pin | Ungate | Delete | Note | Allocate
 class PodWriter(Protocol):
     """Each write returns False when the pod is gone or changed under it (the next reconcile sees why)."""
 
-    def pin(self, key: str, uid: str, hostname: str, released_at: float) -> bool: ...
+    def pin(self, key: str, uid: str, hostname: str, released_at: float, planned: str = "") -> bool: ...
 
     def ungate(self, key: str, uid: str) -> bool: ...
 
@@ -156,15 +159,16 @@ def commands(decisions: Sequence[GangDecision], members: Members, now: float,
         by_key = {m.key: m for m in gang.members}
         if d.action == "release":
             out += list((allocations or {}).get(d.gang, ()))
-            out += [Pin(k, by_key[k].uid, host, now) for k, host in d.pins]
+            planned = {k: format_planned_devices(node, devices) for k, node, devices in d.devices if devices}
+            out += [Pin(k, by_key[k].uid, host, now, planned.get(k, "")) for k, host in d.pins]
             out += [Ungate(k, by_key[k].uid) for k, _ in d.pins]
             out += [Note(k, by_key[k].uid, "Normal", "GangReleased", f"gang {d.gang}: {d.message}") for k, _ in d.pins]
             told.pop(d.gang, None)
         elif d.action == "wait":
             if told.get(d.gang) != d.message:
                 told[d.gang] = d.message
-                out += [Note(m.key, m.uid, "Normal", "GangWaiting", f"gang {d.gang}: {d.message}")
-                        for m in gang.members if m.gated]
+                told_to = [m for m in gang.members if m.gated] or [m for m in gang.members if m.node is None]
+                out += [Note(m.key, m.uid, "Normal", "GangWaiting", f"gang {d.gang}: {d.message}") for m in told_to]
         elif d.action == "reset":
             for m in gang.members:
                 if m.owned:
@@ -178,6 +182,16 @@ def commands(decisions: Sequence[GangDecision], members: Members, now: float,
         else:  # placed
             told.pop(d.gang, None)
     return out
+
+
+def _stuck(d: GangDecision, gang: Gang) -> GangDecision:
+    """A reset of a gang none of whose members has an owner to create it again would delete what no one brings back:
+    such a gang waits on its pins (it binds if room frees there), and its members are told what to do."""
+    if any(m.owned for m in gang.members):
+        return d
+    return GangDecision(d.gang, "wait", f"{d.message.split(':')[0]}; no member has a controller to create it "
+                        "again, so gpuaas leaves them pinned: delete and create the gang's pods to place it anew",
+                        (), d.members)
 
 
 @dataclass
@@ -204,6 +218,7 @@ class GangController:
         self.dra_shapes: dict[str, PodDemand] = {}  # pod key -> what its claims ask, for the learned workload
         self.written: dict[str, dict[str, Any]] = {}  # claim key -> the allocation gpuaas wrote (last WRITTEN)
         self.told: dict[str, str] = {}
+        self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="gang-writes")
         self.last: dict[str, GangDecision] = {}  # gang -> its last decision, for /explain
         self.gang_of: dict[str, str] = {}  # member pod key -> gang
         self.unreadable: dict[str, str] = {}
@@ -223,6 +238,7 @@ class GangController:
             writes, unplaceable = allocations(decisions, rnd, members.uids, now)
             decisions = [GangDecision(d.gang, "wait", unplaceable[d.gang], (), d.members) if d.gang in unplaceable
                          else d for d in decisions]
+        decisions = [_stuck(d, members.gangs[d.gang]) if d.action == "reset" else d for d in decisions]
         self.last = {d.gang: d for d in decisions}
         self.gang_of = {m.key: g.ref.key for g in members.gangs.values() for m in g.members}
         self.unreadable = members.unreadable
@@ -231,39 +247,40 @@ class GangController:
         not_allocated: set[str] = set()  # gangs a claim of which could not be allocated: no pin, no release
         written: dict[str, list[Allocate]] = {}
         gang_of_key = self.gang_of
-        for c in commands(decisions, members, now, self.told, writes):
-            if isinstance(c, Allocate):
-                if c.gang in not_allocated:
-                    continue
-                if self.claims is not None and self.claims.allocate(c.claim, c.uid, c.allocation, c.pod_uid):
-                    written.setdefault(c.gang, []).append(c)
-                    self.assumed[c.claim] = claim_assumption(c, now)
-                    self._record(c)
-                    report.allocated += 1
-                    continue
+        cmds = commands(decisions, members, now, self.told, writes)
+        for c in cmds:  # DRA claims first, in order: a gang any claim of which fails is neither pinned nor released
+            if not isinstance(c, Allocate) or c.gang in not_allocated:
+                continue
+            if self.claims is not None and self.claims.allocate(c.claim, c.uid, c.allocation, c.pod_uid):
+                written.setdefault(c.gang, []).append(c)
+                self.assumed[c.claim] = claim_assumption(c, now)
+                self._record(c)
+                report.allocated += 1
+                continue
+            report.failed_writes += 1
+            not_allocated.add(c.gang)
+            pins_failed.add(c.gang)
+            for w in written.pop(c.gang, []):  # all or nothing: what this gang got this round goes back
+                self.assumed.pop(w.claim, None)
+                self.written.pop(w.claim, None)
+                if self.claims is not None and not self.claims.deallocate(w.claim, w.uid):
+                    report.failed_writes += 1
+        # Every pin of every released gang, then every gate of the gangs pinned whole: each round of writes in
+        # parallel (a burst releases hundreds of members; one by one they took a quarter of a second each).
+        pins = [c for c in cmds if isinstance(c, Pin) and gang_of_key.get(c.key) not in not_allocated]
+        for c, ok in zip(pins, self._in_parallel(
+                lambda c: self.writer.pin(c.key, c.uid, c.hostname, c.released_at, c.planned), pins), strict=True):
+            if not ok:
+                pins_failed.add(gang_of_key[c.key])
                 report.failed_writes += 1
-                not_allocated.add(c.gang)
-                pins_failed.add(c.gang)
-                for w in written.pop(c.gang, []):  # all or nothing: what this gang got this round goes back
-                    self.assumed.pop(w.claim, None)
-                    self.written.pop(w.claim, None)
-                    if self.claims is not None and not self.claims.deallocate(w.claim, w.uid):
-                        report.failed_writes += 1
-            elif isinstance(c, Pin):
-                if c.key in gang_of_key and gang_of_key[c.key] in not_allocated:
-                    continue
-                if not self.writer.pin(c.key, c.uid, c.hostname, c.released_at):
-                    pins_failed.add(gang_of_key[c.key])
-                    report.failed_writes += 1
-            elif isinstance(c, Ungate):
-                if gang_of_key[c.key] in pins_failed:
-                    continue  # not every member is pinned: the gang stays gated whole
-                if not self.writer.ungate(c.key, c.uid):
-                    report.failed_writes += 1
-            elif isinstance(c, Delete):
+        ungates = [c for c in cmds if isinstance(c, Ungate) and gang_of_key[c.key] not in pins_failed]
+        report.failed_writes += sum(not ok for ok in self._in_parallel(
+            lambda c: self.writer.ungate(c.key, c.uid), ungates))
+        for c in cmds:
+            if isinstance(c, Delete):
                 if not self.writer.delete(c.key, c.uid):
                     report.failed_writes += 1
-            else:
+            elif isinstance(c, Note):
                 self.writer.note(c.key, c.uid, c.type_, c.reason, c.message)
         if rnd is not None and dra is not None:
             self._dra_housekeeping(rnd, dra, decisions, now, report)
@@ -277,6 +294,11 @@ class GangController:
         if self.metrics is not None:
             self.metrics.observe(report)
         return report
+
+    def _in_parallel(self, write: Callable[[Any], bool], commands_: Sequence[Any]) -> list[bool]:
+        if len(commands_) <= 1:
+            return [write(c) for c in commands_]
+        return list(self._pool.map(write, commands_))
 
     def _record(self, write: Allocate) -> None:
         """What /claims shows: the last WRITTEN allocations gpuaas made, by claim."""
@@ -359,21 +381,17 @@ class KubePods:
                 return None
             raise
 
-    def pin(self, key: str, uid: str, hostname: str, released_at: float) -> bool:
+    def pin(self, key: str, uid: str, hostname: str, released_at: float, planned: str = "") -> bool:
+        """One merge patch, no read: the uid in it makes the apiserver refuse it for another pod of that name (uid
+        is immutable), and a pod no longer gated refuses a new nodeSelector entry."""
         ns, name = key.split("/", 1)
-        patch: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
-        pod = self._read(key)
-        if pod is None or pod["metadata"].get("uid") != uid or GANG_GATE not in gates(pod):
-            return False
-        if "nodeSelector" not in pod["spec"]:
-            patch.append({"op": "add", "path": "/spec/nodeSelector", "value": {}})
-        patch.append({"op": "add", "path": f"/spec/nodeSelector/{_escape(HOSTNAME_LABEL)}", "value": hostname})
-        if not pod["metadata"].get("annotations"):
-            patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-        patch.append({"op": "add", "path": f"/metadata/annotations/{_escape(RELEASED_ANNOTATION)}",
-                      "value": f"{released_at:.3f}"})
+        annotations = {RELEASED_ANNOTATION: f"{released_at:.3f}"}
+        if planned:
+            annotations[PLANNED_DEVICES_ANNOTATION] = planned
+        patch = {"metadata": {"uid": uid, "annotations": annotations},
+                 "spec": {"nodeSelector": {HOSTNAME_LABEL: hostname}}}
         return self._call("pin", key, lambda: self.core.patch_namespaced_pod(
-            name, ns, patch, _content_type="application/json-patch+json", _preload_content=False,
+            name, ns, patch, _content_type="application/merge-patch+json", _preload_content=False,
             _request_timeout=self.timeout))
 
     def ungate(self, key: str, uid: str) -> bool:

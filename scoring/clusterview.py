@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from scoring.constraints import HOSTNAME_LABEL
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
 from scoring.kubeobjects import (
@@ -158,8 +159,11 @@ class ClusterView:
         self._place(bound)
 
     def _track_queue(self, key: str, pod: Obj | None) -> None:
-        """Keep `queue`: GPU pods without a node that are neither finished nor being deleted (scoring.queueplan)."""
-        if (pod is None or (pod.get("spec") or {}).get("nodeName")
+        """Keep `queue`: GPU pods without a node that are neither finished nor being deleted, nor held out of
+        scheduling by a gate (a gang's members until the gang controller releases them: planning them here would
+        promise their room to no one), with the node a hostname nodeSelector pins them to (scoring.queueplan)."""
+        spec = (pod or {}).get("spec") or {}
+        if (pod is None or spec.get("nodeName") or spec.get("schedulingGates")
                 or (pod.get("metadata") or {}).get("deletionTimestamp")
                 or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
             self.queue.pop(key, None)
@@ -171,7 +175,18 @@ class ClusterView:
         except (ObjectError, UnknownGpuModelError, ValueError):
             return
         if demand.gpus:
-            self.queue[key] = QueuedPod(key, demand, self.clock())
+            self.queue[key] = QueuedPod(key, demand, self.clock(),
+                                        (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL))
+
+    def rows_by_hostname(self) -> dict[str, int]:
+        """Model row of each node by its kubernetes.io/hostname label (what a pinning nodeSelector names)."""
+        assert self.state is not None, "snapshot() first"
+        out = {}
+        for name, row in self.state.index.items():
+            host = (((self.nodes.get(name) or {}).get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)
+            if host:
+                out[host] = row
+        return out
 
     def waiting(self) -> list[QueuedPod]:
         """The queue without the pods this extender holds GPUs for already (assumed, the binding not yet seen)."""

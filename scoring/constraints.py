@@ -37,6 +37,7 @@ class NodeConstraints:
 
 
 Taint = tuple[str, str, str]  # (key, value, effect)
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # what a nodeSelector that pins a pod to one node names
 FIELD_PREFIX = "/"  # a matchFields key, among the labels: "/metadata.name"
 
 # Taints that say "not yet" or "going away", which the autoscaler judges itself (booting, cordoned, draining nodes are

@@ -23,18 +23,20 @@ gangs wait for it (so a large gang cannot be starved for ever by a stream of sma
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from scoring.constraints import NodeConstraints, Taint, allows, node_taints
+from scoring.constraints import HOSTNAME_LABEL, NodeConstraints, Taint, allows, node_taints
 from scoring.fragmentation import Workload
-from scoring.kubeobjects import pod_demand, pod_key
+from scoring.kubeobjects import planned_devices, pod_demand, pod_key
 from scoring.model import ClusterState, PodDemand
 from scoring.planner import place_gang
 from scoring.policies import make_policy
+from scoring.verdicts import devices_free
 
 Obj = dict[str, Any]
 
@@ -49,9 +51,9 @@ COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 Source = Literal["gpuaas", "kueue", "coscheduling", "pod"]  # "pod": a pod in no group, a gang of one (DRA claims)
 GROUP_LABELS: dict[str, Source] = {GANG_LABEL: "gpuaas", KUEUE_GROUP_LABEL: "kueue",
                                    COSCHEDULING_LABEL: "coscheduling"}
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 RELEASED_ANNOTATION = "gpuaas.io/gang-released"  # when gpuaas pinned and released the pod (epoch seconds)
 MAX_GANG_SIZE = 10_000
+GREEDY_ONLY_S = 0.01  # CP-SAT's time once the planning budget is spent: it returns the greedy placement it is hinted
 
 
 class GroupError(ValueError):
@@ -131,6 +133,7 @@ class Member:
     priority: int
     owned: bool  # has a controller owner that creates it again when deleted
     nodes: frozenset[str] | None = None  # the only nodes it may go to (a DRA claim's PCIe-root constraint); None: any
+    planned: tuple[str, tuple[int, ...]] | None = None  # (node, GPUs) the release planned (planned-devices annotation)
 
     @property
     def gated(self) -> bool:
@@ -154,7 +157,7 @@ def member(pod: Mapping[str, Any], created: float, *, demand: PodDemand | None =
                   NodeConstraints.of(pod), gates(pod), spec.get("nodeName") or None,
                   pinned or (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL), released_at,
                   int(spec.get("priority") or 0), any(o.get("controller") for o in meta.get("ownerReferences") or ()),
-                  nodes)
+                  nodes, planned_devices(pod))
 
 
 @dataclass
@@ -206,6 +209,7 @@ class GangSettings:
     time_limit_s: float = 1.0  # CP-SAT per gang; the greedy answer is used when it finds none in time
     bind_timeout_s: float = 120.0  # released members not bound by then: the gang is reset
     reserve_after_s: float = 300.0  # a gang that waited this long stops later gangs from backfilling past it
+    plan_budget_s: float = 5.0  # past this much planning in one decide, gangs get the greedy placement only
 
 
 def allowed_rows(member_: Member, facts: Sequence[NodeFacts]) -> np.ndarray:
@@ -227,8 +231,13 @@ def _hold_released(model: ClusterState, gangs: Sequence[Gang], row_of_host: Mapp
                 row = row_of_host.get(m.pinned)
                 if row is None:
                     continue
+                devices: tuple[int, ...] = ()
+                if m.demand.gpus:  # the GPUs planned for it, which the extender binds it to while they are free
+                    planned = m.planned
+                    devices = planned[1] if planned is not None and planned[0] == model.names[row] and \
+                        devices_free(model, row, m.demand, planned[1]) else tuple(pol.devices(model, m.demand, row))
                 try:
-                    model.place(row, m.demand, pol.devices(model, m.demand, row) if m.demand.gpus else ())
+                    model.place(row, m.demand, devices)
                     pol.observe(row)
                 except (ValueError, IndexError):
                     pass  # taken meanwhile: the member will not bind, and the bound resets its gang
@@ -240,6 +249,7 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
     `facts[i]`: node row i's labels, taints and cordon. `state` is not changed."""
     if len(facts) != len(state):
         raise ValueError(f"{len(facts)} node facts for {len(state)} model rows")
+    started = time.perf_counter()
     model = state.copy()
     hostname = [f.labels.get(HOSTNAME_LABEL, "") for f in facts]
     row_of_host = {h: i for i, h in enumerate(hostname) if h}
@@ -298,8 +308,18 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
             if m.nodes is not None:
                 may = may & np.array([f.name in m.nodes for f in facts], dtype=bool)
             allowed.append(may)
+        need = sum(m.demand.total_gpu_milli for m in members)
+        free = int(np.where(np.logical_or.reduce(allowed), model.gpu_left.sum(axis=1), 0).sum()) if allowed else 0
+        if need > free:  # not enough GPU left where its members may go, whatever the arrangement: no planner
+            out.append(GangDecision(gang.ref.key, "wait", f"{len(members)} pods do not fit together now: they ask "
+                                    f"{need / 1000:g} GPUs, {free / 1000:g} are free where they may go", (), keys))
+            if now - gang.arrived >= settings.reserve_after_s:
+                reserved_for = gang
+            continue
+        # A burst of gangs must not hold the next decision back: past the budget, the greedy answer only.
+        limit = settings.time_limit_s if time.perf_counter() - started < settings.plan_budget_s else GREEDY_ONLY_S
         plan = place_gang(model, [m.demand for m in members], policy=settings.policy, workload=workload,
-                          time_limit=settings.time_limit_s, allowed=allowed)
+                          time_limit=limit, allowed=allowed)
         if not plan.ok:
             why = "; ".join(plan.notes) or "no placement holds all of its pods at once"
             out.append(GangDecision(gang.ref.key, "wait", f"{len(members)} pods do not fit together now: {why}",

@@ -51,6 +51,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHARE_RESOURCE = "gpuaas.io/gpu-share"
 MODELS_ANNOTATION = "gpuaas.io/gpu-models"
 DEVICES_ANNOTATION = "gpuaas.io/devices"
+# "<node>:<i>,<j>": the GPUs a placement planned ahead of the scheduler (the gang controller, for a member it pinned):
+# the extender binds the pod to them when it lands on that node and they are still free.
+PLANNED_DEVICES_ANNOTATION = "gpuaas.io/planned-devices"
 TOPOLOGY_ANNOTATION = "gpuaas.io/gpu-topology"
 POOL_LABEL = "gpuaas.io/pool"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -577,6 +580,23 @@ def assigned_devices(pod: Mapping[str, Any]) -> tuple[int, ...] | None:
 
 def format_devices(devices: tuple[int, ...] | list[int]) -> str:
     return ",".join(str(d) for d in devices)
+
+
+def format_planned_devices(node: str, devices: tuple[int, ...] | list[int]) -> str:
+    return f"{node}:{format_devices(devices)}"
+
+
+def planned_devices(pod: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
+    """(node, GPU indices) a placement planned for the pod, or None when it carries none or one that cannot be read
+    (a plan is advice: the extender checks the GPUs are free before it uses them)."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PLANNED_DEVICES_ANNOTATION)
+    if not isinstance(raw, str) or ":" not in raw:
+        return None
+    node, _, listed = raw.rpartition(":")
+    parts = [x.strip() for x in listed.split(",") if x.strip()]
+    if not node or not parts or not all(x.isdigit() and int(x) < MAX_GPUS_PER_NODE for x in parts):
+        return None
+    return node, tuple(int(x) for x in parts)
 
 
 def holds_resources(pod: Mapping[str, Any]) -> bool:

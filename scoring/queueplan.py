@@ -12,8 +12,10 @@ Pure.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from scoring.fragmentation import Workload
 from scoring.model import ClusterState, PodDemand
@@ -26,6 +28,7 @@ class QueuedPod:
     key: str  # namespace/name
     demand: PodDemand
     waiting_since: float  # seconds, the caller's clock
+    pinned: str | None = None  # the hostname a nodeSelector pins it to (a gang's released member): that node only
 
 
 @dataclass
@@ -56,12 +59,25 @@ def plan_order(queue: Sequence[QueuedPod], now: float, max_wait_s: float, window
 
 
 def plan_queue(state: ClusterState, policy: str, workload: Workload | None, queue: Sequence[QueuedPod], *,
-               now: float, max_wait_s: float, window: int = 0) -> QueuePlan:
-    """Place the queue on a copy of `state`, in plan_order, with `policy`; `state` is not changed."""
+               now: float, max_wait_s: float, window: int = 0,
+               rows_by_hostname: Mapping[str, int] | None = None) -> QueuePlan:
+    """Place the queue on a copy of `state`, in plan_order, with `policy`; `state` is not changed. Pods pinned to a
+    node (`QueuedPod.pinned`, a hostname: `rows_by_hostname` finds its row) go first, and on that node only: they
+    have no other choice, and the room they will take is not promised to another pod."""
     reserved = state.copy()
     placer = Placer(reserved, make_policy(policy, reserved, workload))
     plan = QueuePlan(reserved=reserved, made_at=now)
-    for pod in plan_order(queue, now, max_wait_s, window):
+    hosts = rows_by_hostname or {}
+    pinned = [p for p in queue if p.pinned is not None]
+    for pod in sorted(pinned, key=lambda p: (p.waiting_since, p.key)):
+        row = hosts.get(pod.pinned or "")
+        only = np.arange(len(reserved)) == (row if row is not None else -1)
+        choice = placer.place(pod.demand, only)
+        if choice is None:
+            plan.left_out.append(pod.key)
+        else:
+            plan.planned[pod.key] = choice
+    for pod in plan_order([p for p in queue if p.pinned is None], now, max_wait_s, window):
         choice = placer.place(pod.demand)
         if choice is None:
             plan.left_out.append(pod.key)

@@ -17,7 +17,8 @@ from bench.gang_replay import (
     size_bucket,
     spread,
 )
-from scoring.gangs import GANG_GATE, HOSTNAME_LABEL, RELEASED_ANNOTATION, group_of
+from scoring.constraints import HOSTNAME_LABEL
+from scoring.gangs import GANG_GATE, RELEASED_ANNOTATION, group_of
 from scoring.kubeobjects import pod_demand
 from scoring.model import PodDemand
 

@@ -25,7 +25,8 @@ from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.webhooks import gangs_webhook_registered, gangs_webhook_settings
 from runtime.pools import parse_pool_spec
-from scoring.gangs import GANG_GATE, HOSTNAME_LABEL, RELEASED_ANNOTATION
+from scoring.constraints import HOSTNAME_LABEL
+from scoring.gangs import GANG_GATE, RELEASED_ANNOTATION
 from tests.deploy.manifests import DEPLOY
 
 from .kube import wait_for

@@ -210,3 +210,39 @@ def test_a_pod_whose_accepted_models_change_is_read_anew():
     assert view.demand(pod).allowed_models == frozenset()
     pod["metadata"]["annotations"] = {"gpuaas.io/gpu-models": "H100-80GB"}
     assert view.demand(pod).allowed_models == {"H100-80GB"}
+
+
+def test_bind_uses_the_gpus_a_gang_release_planned_while_they_are_free():
+    """A gang's members carry the GPUs the gang controller planned together (gpuaas.io/planned-devices); another
+    choice can leave a later member of the same node without room (seen in bench/gang_replay.py)."""
+    view = view_with_nodes()
+    planned = pending("p", gpus=2)
+    planned["metadata"]["annotations"]["gpuaas.io/planned-devices"] = "a100-0001:5,7"
+    elsewhere = pending("q", gpus=2)
+    elsewhere["metadata"]["annotations"]["gpuaas.io/planned-devices"] = "a100-0002:5,7"
+    taken = pending("r", gpus=1)
+    taken["metadata"]["annotations"]["gpuaas.io/planned-devices"] = "a100-0001:7"  # 7 is p's by then
+    pods = {"ml/p": planned, "ml/q": elsewhere, "ml/r": taken}
+    binder = RecordingBinder()
+    svc = service(view, binder, pods)
+    for name in ("p", "q", "r"):
+        asyncio.run(svc.bind(ExtenderBindingArgs(PodName=name, PodNamespace="ml", PodUID=f"uid-{name}",
+                                                 Node="a100-0001")))
+    devices = {c[0]: c[2]["gpuaas.io/devices"] for c in binder.calls}
+    assert devices["p"] == "5,7"  # as planned
+    assert devices["q"] != "5,7" and len(devices["q"].split(",")) == 2  # planned for another node: the policy's
+    assert devices["r"] not in ("5", "7")  # planned GPU taken: the policy's choice
+
+
+def test_gated_pods_are_not_queued_and_pinned_pods_are_queued_with_their_node():
+    view = view_with_nodes()
+    gated = pending("g", gpus=1)
+    gated["spec"]["schedulingGates"] = [{"name": "gpuaas.io/gang"}]
+    view.on_change("Pod", None, gated)
+    assert "ml/g" not in view.queue
+    released = {**gated, "spec": {**gated["spec"], "schedulingGates": [],
+                                  "nodeSelector": {"kubernetes.io/hostname": "a100-0001"}}}
+    view.on_change("Pod", gated, released)
+    assert view.queue["ml/g"].pinned == "a100-0001"
+    view.snapshot()
+    assert view.rows_by_hostname()["a100-0001"] == view.state.index["a100-0001"]

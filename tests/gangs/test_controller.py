@@ -13,8 +13,8 @@ class RecordingPods:
         self.calls = []
         self.refuse = set(refuse)
 
-    def pin(self, key, uid, hostname, released_at):
-        self.calls.append(("pin", key, hostname))
+    def pin(self, key, uid, hostname, released_at, planned=""):
+        self.calls.append(("pin", key, hostname, planned))
         return key not in self.refuse
 
     def ungate(self, key, uid):
@@ -109,3 +109,24 @@ def test_unreadable_groups_are_reported_not_planned():
     controller.reconcile(*cluster(), [bad], now=1.0)
     assert "whole number" in controller.explain("ml/x")["error"]
     assert controller.explain("ml/other")["gang"] is None
+
+
+def test_a_release_carries_each_members_planned_gpus_to_the_extender():
+    pods = RecordingPods()
+    state, facts = cluster(n=1)
+    GangController(SETTINGS, pods).reconcile(state, facts, [pod("a", gpus=4), pod("b", gpus=4)], now=1.0)
+    planned = sorted(c[3] for c in pods.calls if c[0] == "pin")
+    assert planned == ["n0:0,1,2,3", "n0:4,5,6,7"]  # node name, then the GPUs: the two members do not overlap
+
+
+def test_a_stuck_gang_no_one_can_create_again_waits_on_its_pins_and_is_not_reset_over_and_over():
+    pods = RecordingPods()
+    state, facts = cluster()
+    members = [pod("a", gates=(), node="n0", released=0.0, owner=False),
+               pod("b", gates=(), released=0.0, owner=False)]
+    controller = GangController(SETTINGS, pods)
+    for now in (100.0, 101.0, 102.0):
+        report = controller.reconcile(state, facts, members, now=now)
+    assert report.reset == [] and "no member has a controller" in report.waiting["ml/g"]
+    assert not [c for c in pods.calls if c[0] == "delete"]
+    assert [c[1] for c in pods.calls if c[0] == "note"] == ["ml/b"]  # told once, on the member left unbound

@@ -31,7 +31,7 @@ class RecordingPods:
     def __init__(self):
         self.calls = []
 
-    def pin(self, key, uid, hostname, released_at):
+    def pin(self, key, uid, hostname, released_at, planned=""):
         self.calls.append(("pin", key, hostname))
         return True
 

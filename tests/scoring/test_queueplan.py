@@ -70,3 +70,13 @@ def test_windows_keep_arrival_order_between_them_and_size_order_inside():
     assert [p.key for p in plan_order(q, now=10.0, max_wait_s=60.0, window=3)] == [
         "ns/p1", "ns/p2", "ns/p0", "ns/p3", "ns/p5", "ns/p4"]
     assert [p.key for p in plan_order(q, now=10.0, max_wait_s=60.0)][:3] == ["ns/p1", "ns/p3", "ns/p2"]
+
+
+def test_a_pinned_pod_is_planned_on_its_node_first_and_only_there():
+    s = ClusterState([NodeSpec(f"n{i}", 96_000, 512_000, 8, "A100-80GB") for i in range(2)])
+    q = [QueuedPod("a", gpus("a", 8), 0.0), QueuedPod("b", gpus("b", 8), 1.0, pinned="host-0")]
+    plan = plan_queue(s, "bestfit", None, q, now=2.0, max_wait_s=100.0, rows_by_hostname={"host-0": 0, "host-1": 1})
+    assert plan.node_of("b") == 0 and plan.node_of("a") == 1  # b goes first on its pin; a takes the other node
+    lost = plan_queue(s, "bestfit", None, [QueuedPod("c", gpus("c", 8), 0.0, pinned="gone")], now=2.0,
+                      max_wait_s=100.0, rows_by_hostname={"host-0": 0})
+    assert lost.left_out == ["c"]  # pinned to a node the model does not have: planned nowhere else
