@@ -168,6 +168,8 @@ class KarpenterProvider:
             if err.status == 404:
                 return None
             raise ProviderError(f"reading NodeClaim {name}: {err.status} {err.reason}") from None
+        except Exception as err:  # a timeout, a broken connection
+            raise ProviderError(f"reading NodeClaim {name}: {err}") from None
         return json.loads(resp.data)
 
     def _delete(self, name: str, uid: str | None = None) -> bool:
@@ -184,6 +186,8 @@ class KarpenterProvider:
             if err.status == 404:
                 return False
             raise ProviderError(f"deleting NodeClaim {name}: {err.status} {err.reason}") from None
+        except Exception as err:  # a timeout, a broken connection: the delete may have landed
+            raise ProviderError(f"deleting NodeClaim {name}: {err}") from None
         finally:
             self._withdrawn.add(name)
         return True
@@ -205,6 +209,8 @@ class KarpenterProvider:
                                                          _preload_content=False, _request_timeout=self.timeout)
             except ApiException as err:
                 errors.append(f"{name}: {err.status} {err.reason} {(err.body or '')[:300]}")
+            except Exception as err:  # a timeout: it may exist; `status` reads it back if it does
+                errors.append(f"{name}: {err}")
 
         with ThreadPoolExecutor(max_workers=min(self.workers, max(1, count))) as pool:
             list(pool.map(create, names))
@@ -220,7 +226,11 @@ class KarpenterProvider:
             if o.get("kind") == "NodeClaim" and str(o.get("apiVersion", "")).startswith(f"{GROUP}/"):
                 return str(o["name"])
         pid = (node.get("spec") or {}).get("providerID")
-        for c in self._list():
+        try:
+            listed = self._list()
+        except Exception as err:
+            raise ProviderError(f"listing NodeClaims: {err}") from None
+        for c in listed:
             st = c.get("status") or {}
             if st.get("nodeName") == meta["name"] or (pid and st.get("providerID") == pid):
                 return str(c["metadata"]["name"])
@@ -236,6 +246,8 @@ class KarpenterProvider:
             if err.status == 404:
                 raise NodeNotFound(f"node {name} is already gone") from None
             raise ProviderError(f"reading node {name}: {err.status} {err.reason}") from None
+        except Exception as err:
+            raise ProviderError(f"reading node {name}: {err}") from None
         if node["metadata"].get("deletionTimestamp"):
             raise NodeNotFound(f"node {name} is being deleted")
         claim_name = self.claim_of(node)

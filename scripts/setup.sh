@@ -4,6 +4,7 @@
 #   $GPUAAS_CACHE/kube-<version>/                          kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   $GPUAAS_CACHE/kwok-<version>/kwok, etcd-<version>/etcd  built from the Go module proxy
 #   $GPUAAS_CACHE/helm-<version>/helm                       built from the Go module proxy (for deploy/helm)
+#   $GPUAAS_CACHE/karpenter-<version>/karpenter-kwok, crds/ Karpenter's KWOK controller, from the Go module proxy
 #   prometheus                                             Debian package
 # A second run checks stamps and does nothing; it takes about a second.
 set -euo pipefail
@@ -112,12 +113,22 @@ build_once "$etcd_dir" etcd "etcd $ETCD_VERSION" "$here/build-etcd.sh" "$ETCD_VE
 helm_dir="$CACHE/helm-$HELM_VERSION"
 build_once "$helm_dir" helm "helm $HELM_VERSION" "$here/build-helm.sh" "$HELM_VERSION"
 
+# Karpenter's core with its KWOK cloud provider, for the node scaler's karpenter provider end to end. Its go.mod wants
+# a newer Go than GO_MIN (go 1.26.9): the build fetches Go $KARPENTER_GO from the module proxy for itself alone
+# (scripts/build-karpenter.sh), whatever Go was found or installed above.
+karpenter_dir="$CACHE/karpenter-$KARPENTER_VERSION"
+export KARPENTER_GO
+build_once "$karpenter_dir" karpenter-kwok \
+  "Karpenter $KARPENTER_VERSION (KWOK cloud provider) from sigs.k8s.io/karpenter (first run only: 5-17 min on 2 cores)" \
+  "$here/build-karpenter.sh" "$KARPENTER_VERSION"
+
 # The harness finds the binaries through this file.
 cat > "$CACHE/env" <<ENV
 GPUAAS_KUBE_BIN=$kube_dir
 GPUAAS_KWOK_BIN=$kwok_dir/kwok
 GPUAAS_ETCD_BIN=$etcd_dir/etcd
 GPUAAS_HELM_BIN=$helm_dir/helm
+GPUAAS_KARPENTER_BIN=$karpenter_dir/karpenter-kwok
 GPUAAS_PROMETHEUS_BIN=$(command -v prometheus)
 GPUAAS_VENV=$venv
 ENV

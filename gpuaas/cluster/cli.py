@@ -33,6 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help=f"pool spec: a YAML file or a built-in name ({', '.join(builtin_pool_specs())}); "
                          "default: %(default)s")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    up.add_argument("--provisioner", choices=("none", "karpenter"), default="none",
+                    help="also start a node provisioner: `karpenter` runs Karpenter's KWOK controller (its CRDs, a "
+                         "KWOKNodeClass `default`, instance types from the node groups) for the node scaler's "
+                         "karpenter provider (docs/node-autoscaling.md); default: %(default)s")
+    up.add_argument("--nodescaler-config", type=Path,
+                    help="with --provisioner karpenter: the node scaler config whose karpenter groups give "
+                         "Karpenter's instance types (default: the pool spec's autoscale pools, each an instance "
+                         "type named after the pool)")
     up.set_defaults(func=cmd_up)
     status = verbs.add_parser("status", parents=[common], help="show components and nodes")
     status.set_defaults(func=cmd_status)
@@ -52,7 +60,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 2
     cluster = LocalCluster(_workdir(args), name=args.name, owned=False)
     try:
+        groups = _karpenter_groups(args, spec) if args.provisioner == "karpenter" else []
+    except (ValueError, OSError) as err:
+        print(f"gpuaas cluster up: {err}", file=sys.stderr)
+        return 2
+    try:
         timings = cluster.up(spec, timeout=args.timeout)
+        if args.provisioner == "karpenter":
+            from .karpenter import start_karpenter
+
+            start_karpenter(cluster.control_plane, groups, api=cluster.api, timeout=args.timeout)
     except (ToolsMissing, ControlPlaneError, TimeoutError) as err:
         print(f"gpuaas cluster up: {err}", file=sys.stderr)
         cluster.down()
@@ -67,9 +84,24 @@ def cmd_up(args: argparse.Namespace) -> int:
         gpu = f"{pool.gpu.count} x {pool.gpu.model}" + (f" MIG {pool.gpu.mig_config_label()}" if pool.gpu.mig else "") \
             if pool.gpu else "no GPU"
         print(f"  pool {pool.name:<12} {pool.count:>5} nodes  {gpu}")
+    if args.provisioner == "karpenter":
+        types = sorted({g.karpenter.instance_type for g in groups if g.karpenter})
+        print(f"  karpenter: KWOKNodeClass default, instance types {', '.join(types) or 'none'}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     print(f"logs: {cluster.control_plane.logs}")
     return 0
+
+
+def _karpenter_groups(args: argparse.Namespace, spec) -> list:
+    """The node groups whose instance types Karpenter offers: the karpenter groups of --nodescaler-config, or the pool
+    spec's autoscale pools (instance type: the pool's name)."""
+    from nodescaler.config import NodeGroupConfig, load_nodescaler_config
+
+    if args.nodescaler_config is not None:
+        return [g for g in load_nodescaler_config(args.nodescaler_config, environ={}).groups if g.karpenter]
+    return [NodeGroupConfig.model_validate({**NodeGroupConfig.from_pool(p).model_dump(), "provider": "karpenter",
+                                            "karpenter": {"instance_type": p.name}})
+            for p in spec.pools if p.autoscale]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

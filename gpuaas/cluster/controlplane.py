@@ -187,12 +187,21 @@ class ControlPlane:
         self._spawn("kube-scheduler", comp.argv, comp.port, append_log=True, extra=False)
         self._wait(lambda: self._http_ok(f"https://127.0.0.1:{comp.port}/healthz"), "kube-scheduler", timeout)
 
+    def add_process(self, name: str, argv: list[str], port: int | None = None,
+                    env: dict[str, str] | None = None) -> None:
+        """Start a process beside the control plane (Karpenter: gpuaas/cluster/karpenter.py), recorded in state.json
+        like the components: `stop`, `status` and `gpuaas cluster down` handle it (it is stopped first)."""
+        self._spawn(name, argv, port, extra=False, env=env)
+
     def stop(self, grace: float = 5.0) -> None:
         """Stop every component (SIGTERM, then SIGKILL after `grace`); logs stay in the work directory."""
         if self.state is None and self.state_file.exists():
             self.state = ControlPlaneState.load(self.state_file)
         if self.state is None:
             return
+        for name, added in list(self.state.components.items()):  # processes added beside the control plane first
+            if name not in COMPONENTS:
+                self._terminate(name, added, grace)
         for name in reversed(COMPONENTS):
             comp = self.state.components.get(name)
             if comp:
@@ -210,7 +219,7 @@ class ControlPlane:
     def status(self) -> dict[str, dict[str, Any]]:
         assert self.state
         out = {}
-        for name in COMPONENTS:
+        for name in (*COMPONENTS, *(c for c in self.state.components if c not in COMPONENTS)):
             comp = self.state.components.get(name)
             out[name] = {"pid": comp.pid if comp else None,
                          "running": bool(comp and process_alive(comp.pid, comp.argv[0])),
@@ -238,12 +247,12 @@ class ControlPlane:
 
     # ---- process plumbing ----------------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], port: int | None, append_log: bool = False,
-               extra: bool = True) -> None:
+               extra: bool = True, env: dict[str, str] | None = None) -> None:
         assert self.state
         if extra:  # (a restart reuses the recorded argv, extra arguments included)
             argv = argv + self.extra_args.get(name, [])
         log = self.logs / f"{name}.log"
-        popen = spawn(argv, log, owned=self.owned, append=append_log, cwd=self.workdir)
+        popen = spawn(argv, log, owned=self.owned, append=append_log, cwd=self.workdir, env=env)
         self._popen[name] = popen
         self.state.components[name] = ComponentState(pid=popen.pid, argv=argv, log=str(log), port=port)
         self.state.save(self.state_file)

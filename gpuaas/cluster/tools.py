@@ -27,6 +27,9 @@ class Tools:
     etcd: Path
     prometheus: Path | None
     helm: Path | None  # for the chart in deploy/helm only; the control plane runs without it
+    # Karpenter's KWOK controller (scripts/build-karpenter.sh), its CRDs in `crds/` beside it: for clusters that start
+    # Karpenter (gpuaas/cluster/karpenter.py); the control plane runs without it.
+    karpenter: Path | None = None
 
     @classmethod
     def locate(cls) -> Tools:
@@ -41,6 +44,7 @@ class Tools:
         kwok = Path(env["GPUAAS_KWOK_BIN"])
         prom = env.get("GPUAAS_PROMETHEUS_BIN") or shutil.which("prometheus")
         helm = env.get("GPUAAS_HELM_BIN") or shutil.which("helm")
+        karpenter = env.get("GPUAAS_KARPENTER_BIN")
         tools = cls(
             kube_apiserver=kube / "kube-apiserver",
             kube_controller_manager=kube / "kube-controller-manager",
@@ -51,6 +55,7 @@ class Tools:
             etcd=Path(env["GPUAAS_ETCD_BIN"]),
             prometheus=Path(prom) if prom else None,
             helm=Path(helm) if helm else None,
+            karpenter=Path(karpenter) if karpenter else None,
         )
         for name in ("kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok", "etcd"):
             path = getattr(tools, name)
