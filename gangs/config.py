@@ -41,6 +41,9 @@ class GangsConfig(_Strict):
                                   "the gang is reset (its members deleted, for their owner to create them again)")
     reserve_after_s: float = Field(default=300.0, ge=0, description="a gang that has waited this long for room "
                                    "stops later gangs from backfilling past it")
+    plan_budget_s: float = Field(default=5.0, ge=0, description="planning time per round after which the gangs "
+                                 "still to plan get the greedy placement only (a burst of gangs must not hold the "
+                                 "next round back)")
     webhook: WebhookConfig | None = Field(default=None, description="serve the mutating admission webhook that gates "
                                           "group members at creation; unset: only the controller (members must be "
                                           "created with the gate gpuaas.io/gang)")
@@ -55,7 +58,8 @@ class GangsConfig(_Strict):
         known_policy(self.policy)
 
     def settings(self) -> GangSettings:
-        return GangSettings(self.policy, self.time_limit_s, self.bind_timeout_s, self.reserve_after_s)
+        return GangSettings(self.policy, self.time_limit_s, self.bind_timeout_s, self.reserve_after_s,
+                            self.plan_budget_s)
 
 
 def load_gangs_config(path: Path | str | None, *, environ: dict[str, str] | None = None,
