@@ -28,7 +28,8 @@ request to the serving replica with the fewest outstanding requests; a replica h
 warm start: every run starts with the replicas the first minute needs, serving, and each policy with the memory of
 having held them; it begins --preroll seconds (default 900) before t = 0 on the trace's preceding seconds (wrapping
 around), so that every policy meets t = 0 as a running service does; requests and GPU time before t = 0 do not count.
---offset S starts the window S seconds into the trace (wrapping around), --duration limits it.
+--offset S starts the window S seconds into the trace (wrapping around), --duration limits it; --preroll 0 starts at
+the window with the warm fleet, --fresh-memory without the policies' memory of it (a controller started just then).
 
 policies: ours (autoscaler/policy.py, one configuration); hpa (autoscaling/v2 Pods metric --metric per pod, AverageValue
 --target; 15 s sync, tolerance 0.1, 300 s scale-down stabilization, scale-up {4 pods, 100%%}/15 s; --min-replicas);
@@ -81,6 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="seconds of trace to replay (default: the rest of it)")
     p.add_argument("--preroll", type=float, default=PREROLL_S,
                    help="seconds of the trace before the window replayed first, not counted (default 900)")
+    p.add_argument("--fresh-memory", action="store_true",
+                   help="the policies start with the warm fleet but no memory of it (a controller started just now)")
     p.add_argument("--min-replicas", type=int, help="ours, hpa (default 1), keda and kpa (default 0): the floor")
     p.add_argument("--max-replicas", type=int, default=200, help="every policy (default 200)")
     p.add_argument("--replicas", type=int, help="static: the count to hold (default: what the peak minute needs)")
@@ -204,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     for policy, target in policies:
         initial = policy.replicas if isinstance(policy, StaticPolicy) else warm
         r = simulate(arrivals, policy, model, initial_replicas=initial, target=target, warmup_s=args.preroll,
-                     warm=True)
+                     warm=not args.fresh_memory)
         results.append(r)
         print(f"{policy.name} {r.setting}: SLO {100 * r.slo_attainment:.2f}%, p99 wait {r.p99_queue_wait_s:.1f}s, "
               f"{r.gpu_replica_hours:.2f} GPU-h, max {r.max_replicas}", file=sys.stderr)
