@@ -291,7 +291,8 @@ OTHER_ENVIRONMENT = (
     ("GPUAAS_CACHE", "`bin/gpuaas`, `bin/test`, `scripts/setup.sh`, the local cluster",
      "where setup keeps the venv, the Kubernetes, etcd and kwok binaries and the local clusters; default "
      "`~/.cache/gpuaas`"),
-    ("GPUAAS_KUBE_BIN, GPUAAS_KWOK_BIN, GPUAAS_ETCD_BIN, GPUAAS_PROMETHEUS_BIN, GPUAAS_HELM_BIN",
+    ("GPUAAS_KUBE_BIN, GPUAAS_KWOK_BIN, GPUAAS_ETCD_BIN, GPUAAS_PROMETHEUS_BIN, GPUAAS_HELM_BIN, "
+     "GPUAAS_KARPENTER_BIN",
      "the local cluster and the chart tests",
      "where the control-plane binaries are; `scripts/setup.sh` writes them to `$GPUAAS_CACHE/env`, and variables "
      "of the same names override that file"),
