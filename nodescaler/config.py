@@ -237,6 +237,9 @@ class NodeScalerConfig(_Strict):
         for g in self.groups:
             if self.provider_of(g) == "karpenter" and g.karpenter is None:
                 raise ValueError(f"group {g.name}: provider karpenter needs a karpenter section (instance_type)")
+            if self.provider_of(g) == "karpenter" and len(g.name) > 56:
+                raise ValueError(f"group {g.name}: longer than 56 characters (its NodeClaims are named "
+                                 "<group>-<6 hex digits>, a label value of at most 63)")
         return self
 
     def group(self, name: str) -> NodeGroupConfig | None:

@@ -11,11 +11,13 @@ What a NodeClaim of group G is (sigs.k8s.io/karpenter v1.15.0, pkg/apis/v1/nodec
 - `nodeClassRef`: G.karpenter.node_class; Karpenter acts only on NodeClaims whose node class kind its cloud provider
   supports (`IsManaged`);
 - `expireAfter: Never` (the default is 720h: Karpenter would delete the node after 30 days, pods and all);
-- labels: the template's node labels (`gpuaas.io/pool: G`, the GPU labels) and `gpuaas.io/provisioned-by:
-  gpuaas-nodescaler`; annotations: the template's (GPU topology) and `gpuaas.io/requested-at`. Karpenter puts both
-  on the Node when it registers (and the KWOK cloud provider when it creates it), so the node is in group G from the
-  start. No `karpenter.sh/nodepool` label: such a NodeClaim is never a disruption candidate (consolidation, drift,
-  emptiness, repair: state.StateNode.ValidateNodeDisruptable), so scale-in stays gpuaas's;
+- labels: the template's node labels (`gpuaas.io/pool: G`, the GPU labels), `gpuaas.io/provisioned-by:
+  gpuaas-nodescaler` and `gpuaas.io/nodeclaim: <its name>` (which request a node is, before Karpenter's registration
+  adds the ownerReference: else the node and the request would both count as capacity on its way); annotations:
+  the template's (GPU topology) and `gpuaas.io/requested-at`. Karpenter puts both on the Node when it registers (and
+  the KWOK cloud provider when it creates it), so the node is in group G from the start. No `karpenter.sh/nodepool`
+  label: such a NodeClaim is never a disruption candidate (consolidation, drift, emptiness, repair:
+  state.StateNode.ValidateNodeDisruptable), so scale-in stays gpuaas's;
 - `taints`: the template's; `resources.requests`: the template's GPU resources, so Karpenter marks the NodeClaim
   Initialized only once the device plugin advertises them.
 
@@ -56,6 +58,7 @@ from .provider import (
     ProviderStatus,
     Requested,
 )
+from .snapshot import CLAIM_LABEL
 
 GROUP, VERSION, PLURAL = "karpenter.sh", "v1", "nodeclaims"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -93,6 +96,7 @@ def render_nodeclaim(group: NodeGroupConfig, name: str, now: float) -> dict[str,
     labels = {key: v for key, v in meta.get("labels", {}).items() if key not in NOT_COPIED}
     labels[POOL_LABEL] = group.name
     labels[PROVIDER_LABEL] = OWNER
+    labels[CLAIM_LABEL] = name
     annotations = {**meta.get("annotations", {}), REQUESTED_AT_ANNOTATION: f"{now:.3f}"}
     spec: dict[str, Any] = {
         "nodeClassRef": k.node_class.model_dump(),
@@ -214,6 +218,10 @@ class KarpenterProvider:
 
         with ThreadPoolExecutor(max_workers=min(self.workers, max(1, count))) as pool:
             list(pool.map(create, names))
+        # In flight from now: one Karpenter deletes before the next `status` (insufficient capacity: within a second)
+        # is a failure too, not a request that was never seen.
+        failed = {e.split(":", 1)[0] for e in errors}
+        self._in_flight.update({n: group.name for n in names if n not in failed})
         if errors:
             raise ProviderError(f"creating {len(errors)} of {count} NodeClaims of {group.name} failed: {errors[0]}")
         return names

@@ -43,6 +43,13 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # any restart, tells a node that never came up (a failed provision: deleted) from one in service that went unready
 # (kept, and drained only through the PDB-respecting path): nothing else on a Node records that it was ever ready.
 GPU_READY_SEEN_ANNOTATION = "gpuaas.io/gpu-ready-seen"
+# The NodeClaim a node was asked for as (the karpenter provider labels its NodeClaims so, and Karpenter puts a
+# NodeClaim's labels on its node: at once with the KWOK cloud provider, through the kubelet's labels on AWS, at
+# registration at the latest, when it also adds the ownerReference).
+CLAIM_LABEL = "gpuaas.io/nodeclaim"
+# The taint Karpenter puts on a node it launched until it has registered it (synced the NodeClaim's labels and taints):
+# pods do not go there yet, Ready and GPUs allocatable or not.
+UNREGISTERED_TAINT = "karpenter.sh/unregistered"
 
 
 def parse_time(value: str | None) -> float | None:
@@ -93,14 +100,17 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     gpu_ready_seen: float | None = None  # GPU_READY_SEEN_ANNOTATION: when gpuaas first saw it GPU-ready
-    # The NodeClaim the node belongs to (its ownerReference, set by Karpenter when the node registers), or "": a grow
-    # request of the Karpenter provider is a NodeClaim, and this tells which node it became.
+    # The NodeClaim the node belongs to (CLAIM_LABEL, or its ownerReference, set by Karpenter when the node
+    # registers), or "": a grow request of the Karpenter provider is a NodeClaim, and this tells which node it became
+    # (before this is known, the node and the request would both count as capacity on its way).
     claim: str = ""
+    registering: bool = False  # carries UNREGISTERED_TAINT: Karpenter has not registered it yet
 
     @property
     def booting(self) -> bool:
-        """Not able to take GPU pods now: not Ready, or no GPUs allocatable (never up yet, or gone unready)."""
-        return not self.ready or not self.gpu_ready
+        """Not able to take GPU pods now: not Ready, or no GPUs allocatable (never up yet, or gone unready), or not
+        registered by Karpenter yet (capacity on its way, as a node whose GPUs are not there yet)."""
+        return not self.ready or not self.gpu_ready or self.registering
 
     @property
     def mig_pending(self) -> bool:
@@ -248,7 +258,8 @@ def node_info(node: Obj) -> NodeInfo:
         scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
         mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
         product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels),
-        taints=node_taints(node), gpu_ready_seen=seen, claim=_owner_claim(meta))
+        taints=node_taints(node), gpu_ready_seen=seen, claim=labels.get(CLAIM_LABEL) or _owner_claim(meta),
+        registering=any(t.get("key") == UNREGISTERED_TAINT for t in spec.get("taints") or ()))
 
 
 def _owner_claim(meta: Obj) -> str:

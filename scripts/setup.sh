@@ -119,7 +119,7 @@ build_once "$helm_dir" helm "helm $HELM_VERSION" "$here/build-helm.sh" "$HELM_VE
 karpenter_dir="$CACHE/karpenter-$KARPENTER_VERSION"
 export KARPENTER_GO
 build_once "$karpenter_dir" karpenter-kwok \
-  "Karpenter $KARPENTER_VERSION (KWOK cloud provider) from sigs.k8s.io/karpenter (first run only: 5-17 min on 2 cores)" \
+  "Karpenter $KARPENTER_VERSION (KWOK cloud provider) from sigs.k8s.io/karpenter (first run only: 5-15 min on 2 cores)" \
   "$here/build-karpenter.sh" "$KARPENTER_VERSION"
 
 # The harness finds the binaries through this file.

@@ -53,6 +53,7 @@ GROUPS = {
     "h100x8": kgroup("h100x8", H100X8, "gpu-h100x8", 32),
     "notype": kgroup("notype", A100X8, "gpu-unknown", 5),
     "nocls": kgroup("nocls", A100X8, "gpu-a100x8", 10, node_class="missing"),
+    "slow": kgroup("slow", A100X8, "gpu-a100x8", 15, node_class="never", max_provision_s=8),
     "backup": kgroup("backup", A100X8, "gpu-a100x8", 25),
     "mig": kgroup("mig", MIG, "gpu-a100-mig", 20),
 }
@@ -96,7 +97,7 @@ def env(tmp_path_factory):
         groups = NodeScalerConfig.model_validate(config([g for g in GROUPS if g != "notype"])).groups
         t0 = time.monotonic()
         karpenter = start_karpenter(cluster.control_plane, groups, api=cluster.api,
-                                    node_classes={"boot": REGISTRATION_DELAY_S})
+                                    node_classes={"boot": REGISTRATION_DELAY_S, "never": 3600})
         print(json.dumps({"karpenter_ready_s": round(time.monotonic() - t0, 1)}))
         # The node scaler runs with exactly the permissions deploy/bases/nodescaler grants.
         cluster.sa_kubeconfig = cluster.service_account_kubeconfig(DEPLOY / "bases" / "nodescaler",
@@ -241,30 +242,34 @@ def test_eight_gpu_pods_become_nodeclaims_karpenter_launches_and_idle_nodes_go_t
 def test_nodeclaims_karpenter_cannot_launch_back_their_group_off_and_the_next_group_grows(env, ns):
     """`notype` (5/h): its instance type is not one Karpenter knows, so the NodeClaim's Launched condition says so
     (Unknown, LaunchFailed) while Karpenter retries: gpuaas withdraws it. `nocls` (10/h): its node class does not
-    exist, which the KWOK cloud provider reports as insufficient capacity: Karpenter deletes the NodeClaim. Each backs
-    its group off; `backup` (25/h) serves the pod."""
+    exist, which the KWOK cloud provider reports as insufficient capacity: Karpenter deletes the NodeClaim. `slow`
+    (15/h): launched, but its node class registers nodes after an hour: no node within max_provision_s (8 s), so the
+    request expires and gpuaas withdraws the NodeClaim (the rule every provider's requests follow). Each backs its
+    group off; `backup` (25/h) serves the pod."""
     cluster, workdir, _, _ = env
     api = cluster.api
     core = client.CoreV1Api(api)
-    cfg = config(["notype", "nocls", "backup"], scale_in={"enabled": False},
+    cfg = config(["notype", "nocls", "slow", "backup"], scale_in={"enabled": False},
                  scale_out={"backoff_initial_s": 600})
     scaler = nodescaler(workdir, cluster.sa_kubeconfig, cfg, "ks-fail")
     scaler.start(timeout=60)
     try:
         p = gpu_pod("p", ns, gpus=8)
-        only_groups(p["spec"], "notype", "nocls", "backup")
+        only_groups(p["spec"], "notype", "nocls", "slow", "backup")
         core.create_namespaced_pod(ns, p)
-        wait_for(lambda: running(api, ns) == 1, timeout=180, interval=0.5, what="the pod Running on a backup node")
+        wait_for(lambda: running(api, ns) == 1, timeout=240, interval=0.5, what="the pod Running on a backup node")
         node = core.read_namespaced_pod("p", ns).spec.node_name
         assert core.read_node(node).metadata.labels[POOL_LABEL] == "backup"
         metrics = get(scaler, "/metrics")
-        for g in ("notype", "nocls"):
+        for g in ("notype", "nocls", "slow"):
             assert f'gpuaas_nodescaler_group_backed_off{{group="{g}"}} 1.0' in metrics, g
-            assert group_nodes(api, g) == [] and claims(api, g) == [], f"{g}: no node, its NodeClaim withdrawn"
+        wait_for(lambda: not any(group_nodes(api, g) or claims(api, g) for g in ("notype", "nocls", "slow")),
+                 timeout=60, what="no node and no NodeClaim left in the failed groups")
+        assert "group slow backs off" in scaler.log.read_text(), "the slow group's request expired"
         events = [e for e in core.list_event_for_all_namespaces(field_selector="reason=LaunchFailed").items
                   if e.involved_object.kind == "NodeClaim"]
         failed = {e.involved_object.name.rsplit("-", 1)[0]: e.message for e in events}
-        assert set(failed) >= {"notype", "nocls"}, failed
+        assert set(failed) == {"notype", "nocls"}, failed
         assert "LaunchFailed" in failed["notype"], failed["notype"]
         print(json.dumps({"launch_failures": failed}))
     finally:
@@ -299,3 +304,58 @@ def test_mig_nodes_from_karpenter_are_repartitioned_for_mig_pods_instead_of_buyi
         assert any(a[0] == node and a[1] == "all-3g.40gb" and a[2] == "success" for a in agent.applied)
     finally:
         scaler.stop()
+
+
+def test_with_a_nodepool_karpenter_consolidates_its_own_empty_node_and_never_gpuaas_nodeclaims(env, ns):
+    """Coexistence: a NodePool that consolidates at once (WhenEmptyOrUnderutilized, consolidateAfter 0s) and may use
+    the same instance type. Karpenter serves a pod of its own (a label only the NodePool's nodes carry; not a GPU pod,
+    so gpuaas leaves it alone) and gpuaas a GPU pod; both pods go. Karpenter removes its empty node; gpuaas's empty
+    node stays with its NodeClaim (no karpenter.sh/nodepool label: never a disruption candidate), scale-in being
+    gpuaas's (disabled here)."""
+    cluster, workdir, _, _ = env
+    api = cluster.api
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    scaler = nodescaler(workdir, cluster.sa_kubeconfig, config(["a100x8"], scale_in={"enabled": False}), "ks-pool")
+    scaler.start(timeout=60)
+    pool = {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": f"general-{ns}"}, "spec": {
+        "template": {"metadata": {"labels": {"owner": "karpenter"}}, "spec": {
+            "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "boot"},
+            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["gpu-a100x8"]}],
+            "expireAfter": "Never"}},
+        "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}}}
+    ours = None
+    try:
+        g = gpu_pod("g", ns, gpus=8)
+        only_groups(g["spec"], "a100x8")
+        core.create_namespaced_pod(ns, g)
+        wait_for(lambda: running(api, ns) == 1, timeout=120, interval=0.5, what="the GPU pod Running")
+        ours = core.read_namespaced_pod("g", ns).spec.node_name
+        custom.create_cluster_custom_object("karpenter.sh", "v1", "nodepools", pool)
+        k = gpu_pod("k", ns, cpu="100m")
+        k["spec"]["nodeSelector"] = {"owner": "karpenter"}
+        core.create_namespaced_pod(ns, k)
+        wait_for(lambda: running(api, ns) == 2, timeout=180, interval=0.5, what="Karpenter's pod Running")
+        theirs = core.read_namespaced_pod("k", ns).spec.node_name
+        their_claim = next(o.name for o in core.read_node(theirs).metadata.owner_references if o.kind == "NodeClaim")
+        assert POOL_LABEL not in (core.read_node(theirs).metadata.labels or {})
+        for name in ("g", "k"):
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(ns).items, timeout=60, what="both pods gone")
+        t0 = time.monotonic()
+
+        def their_node_gone():
+            return not core.list_node(field_selector=f"metadata.name={theirs}").items
+
+        wait_for(their_node_gone, timeout=180, interval=1, what="Karpenter consolidating its own empty node")
+        print(json.dumps({"nodepool_node_consolidated_after_s": round(time.monotonic() - t0, 1)}))
+        time.sleep(15)  # more disruption passes (Karpenter's loop runs every 10 s)
+        node = core.read_node(ours)  # 404 if it went
+        assert not node.spec.unschedulable and not node.metadata.deletion_timestamp
+        assert [c["metadata"]["name"] for c in claims(api, "a100x8")] == \
+            [o.name for o in node.metadata.owner_references if o.kind == "NodeClaim"]
+        assert their_claim not in {c["metadata"]["name"] for c in claims(api)}
+    finally:
+        scaler.stop()
+        custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", pool["metadata"]["name"])
+        for c in claims(api, "a100x8"):  # leave no node behind for other tests
+            custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodeclaims", c["metadata"]["name"])

@@ -74,7 +74,7 @@ def test_the_nodeclaim_pins_the_instance_type_never_expires_and_carries_the_grou
     assert spec["taints"] == [{"key": "gpu", "value": "", "effect": "NoSchedule"}]
     labels = meta["labels"]
     assert labels["gpuaas.io/pool"] == "dear" and labels[PROVIDER_LABEL] == "gpuaas-nodescaler"
-    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.count"] == "8" and labels["gpuaas.io/nodeclaim"] == "dear-abc"
     # No NodePool label (never a disruption candidate), nothing Karpenter or the kubelet sets from the instance.
     assert not {"karpenter.sh/nodepool", "kubernetes.io/hostname", "kubernetes.io/arch"} & set(labels)
     assert meta["annotations"]["gpuaas.io/requested-at"] == f"{T0:.3f}"
@@ -203,6 +203,15 @@ def test_nodeclaims_that_karpenter_could_not_launch_are_failures_reported_once()
     assert p.status(T0 + 2).failures == []  # once
 
 
+def test_a_nodeclaim_karpenter_deletes_before_the_next_look_is_a_failure_too():
+    api, cfg = FakeApi(), config(KGROUPS)
+    p = provider(api)
+    p.status(T0)
+    (a,) = p.grow(cfg.group("cheap"), 1)
+    del api.claims[a]  # insufficient capacity: Karpenter deleted it within a second
+    assert [f.name for f in p.status(T0 + 1).failures] == [a]
+
+
 def test_a_replica_that_did_not_look_for_a_while_does_not_take_what_is_gone_for_failures():
     api, cfg = FakeApi(), config(KGROUPS)
     p = provider(api)
@@ -318,6 +327,32 @@ def test_a_node_owned_by_a_nodeclaim_registers_the_request_of_that_name():
     node = {"metadata": {"name": "kwok-x-1", "labels": {"gpuaas.io/pool": "dear"}, "ownerReferences": [
         {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": "dear-c0", "uid": "u"}]},
         "spec": {}, "status": {}}
-    snap = build_snapshot([node], [], [], T0)
-    assert snap.nodes["kwok-x-1"].claim == "dear-c0"
-    assert snap.registered("dear-c0") and snap.registered("kwok-x-1") and not snap.registered("dear-c1")
+    early = {"metadata": {"name": "kwok-y-2", "labels": {"gpuaas.io/pool": "dear", "gpuaas.io/nodeclaim": "dear-c1"}},
+             "spec": {}, "status": {}}  # the NodeClaim's labels are on it before Karpenter registers it
+    snap = build_snapshot([node, early], [], [], T0)
+    assert snap.nodes["kwok-x-1"].claim == "dear-c0" and snap.nodes["kwok-y-2"].claim == "dear-c1"
+    assert snap.registered("dear-c0") and snap.registered("kwok-x-1") and snap.registered("dear-c1")
+    assert not snap.registered("dear-c2")
+
+
+def test_a_node_karpenter_has_not_registered_yet_is_capacity_on_its_way_not_a_reason_to_grow_again():
+    """The KWOK cloud provider creates the Node at once, Ready soon and with its GPUs, but with Karpenter's
+    unregistered taint until Karpenter registers it: the pod cannot go there yet, and it must not be grown for twice."""
+    from .builders import booting_node
+
+    cfg = config(KGROUPS, scale_in={"enabled": False})
+    node = booting_node(cfg, "dear", "kwok-dear-c0-x")
+    node["metadata"]["labels"]["gpuaas.io/nodeclaim"] = "dear-c0"
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "8"  # Ready, GPUs there: only the taint holds pods back
+    node["spec"]["taints"] = [{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]
+    cluster = FakeCluster([node], [pending("p", gpus=8)])
+    snap = cluster.snapshot(T0)
+    assert snap.nodes["kwok-dear-c0-x"].booting and snap.registered("dear-c0")
+    p = ClaimProvider()
+    p.claims["dear-c0"] = ("dear", T0 - 5)
+    scaler = scaler_for(cluster, p)
+    report = scaler.run_once(T0)
+    assert p.grow_calls == [] and report.grows == []
+    assert scaler.memory.requested == []  # the request is the node now, counted once
+    del node["spec"]["taints"]  # registered
+    assert not cluster.snapshot(T0 + 1).nodes["kwok-dear-c0-x"].booting
