@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
 from runtime.leader import component_elector
+from runtime.lifecycle import serve_with_elector
 from scoring.clusterview import ClusterView
 from scoring.fragmentation import Workload
 from scoring.gangs import GROUP_LABELS, NodeFacts, gates
@@ -200,12 +201,7 @@ class Service:
         endpoint = ApiEndpoint.from_kubeconfig(self.kubeconfig)
         self._event_loop = asyncio.get_running_loop()
         stop_thread = threading.Event()
-        if self.elector is not None:
-            threading.Thread(target=self.elector.run, args=(stop_thread,), name="leader-election",
-                             daemon=True).start()
-        runner = web.AppRunner(self.app())
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        runner = await serve_with_elector(self.app(), host, port, self.elector, stop_thread)
         webhook_runner = await self._start_webhook(host)
         async with endpoint.session() as session:
             self.informers = [

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from .leader import LeaderElector
 
 
 def run_until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -17,3 +22,15 @@ def run_until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> None
         await run(stop)
 
     asyncio.run(main())
+
+
+async def serve_with_elector(app: web.Application, host: str, port: int, elector: LeaderElector | None,
+                             stop_thread: threading.Event) -> web.AppRunner:
+    """A controller's start: its elector in a thread of its own (until `stop_thread` is set) and its HTTP site
+    (/metrics, /healthz, /readyz, ...) on host:port. Returns the runner, to clean up at the end."""
+    if elector is not None:
+        threading.Thread(target=elector.run, args=(stop_thread,), name="leader-election", daemon=True).start()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
