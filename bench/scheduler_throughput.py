@@ -1,11 +1,25 @@
-"""kube-scheduler's throughput on a KWOK cluster with the gpuaas extender, as a ratio to the same run without it.
+"""kube-scheduler's throughput on a KWOK cluster with the gpuaas extender, as a ratio to the same scheduler profile
+without it, and what each component spends per pod.
 
-Both runs, in one invocation: a fresh cluster of N 8-GPU nodes; kube-scheduler is stopped, P GPU pods (1, 2 or 4
+Every run, in one invocation: a fresh cluster of N 8-GPU nodes; kube-scheduler is stopped, P GPU pods (1, 2 or 4
 GPUs) are created, the scheduler is started and the clock runs until every pod is bound. Pods per second = P / that
-time. Run A: the default scheduler. Run B: the same scheduler calling the extender (filter, prioritize, bind) with the
-gpuaas profile. Run C: the default scheduler at the gpuaas profile's percentageOfNodesToScore, without the extender
-(`ratio` is B/A, `ratio_to_same_sampling` B/C). Prints JSON.
-Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000]
+time. Three configurations:
+  default        kube-scheduler's default profile (its adaptive sample of nodes), no extender
+  same_profile   the gpuaas profile (extender.schedconfig.gpuaas_profile: every node scored, the in-tree resource
+                 scorers off) without the extender
+  extender       the gpuaas profile calling the extender (filter, prioritize, bind), as deploy/ configures it
+`--repeats R` runs the three R times, interleaved (round r starts at configuration r mod 3, so none always runs first
+on a machine whose load drifts); pods/s and CPU per pod are the median over the rounds, the ratios are the median of
+the rounds' own ratios (each from runs next to each other) with their range.
+
+CPU per pod of each component: its user + system CPU from the scheduler's start until every pod is bound and Running
+(kwok's status patches included), over P.
+`idle_cpu_per_s`: each component's CPU per second in a quiet window before the scheduler starts (node lease renewals,
+the extender's watches), so that what a longer run costs just by lasting longer can be told apart
+(`cpu_ms_per_pod_above_idle`). For the extender also: its time per verb and in joint queue planning (its
+/metrics), and the connections kube-scheduler opened and closed (sockets in TIME-WAIT, by the side that closed).
+Prints JSON.
+Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -13,8 +27,11 @@ import argparse
 import json
 import os
 import random
+import statistics
+import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,10 +61,15 @@ def unbound(core: client.CoreV1Api, namespace: str) -> int:
     return len(json.loads(resp.data)["items"])
 
 
+def not_running(core: client.CoreV1Api, namespace: str) -> int:
+    resp = core.list_namespaced_pod(namespace, field_selector="status.phase!=Running", _preload_content=False)
+    return len(json.loads(resp.data)["items"])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a process has used so far (what each component costs during the run)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def apiserver_requests(cluster: LocalCluster) -> Counter:
@@ -63,26 +85,70 @@ def apiserver_requests(cluster: LocalCluster) -> Counter:
     return out
 
 
-def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: float,
+def extender_seconds(url: str) -> dict[str, float]:
+    """Seconds the extender spent per verb and in queue planning, and requests per verb (its /metrics)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for metric, what in (("gpuaas_extender_request_duration_seconds_sum", "s"),
+                             ("gpuaas_extender_request_duration_seconds_count", "calls"),
+                             ("gpuaas_extender_queue_plan_seconds_sum", "s"),
+                             ("gpuaas_extender_queue_plan_seconds_count", "calls")):
+            if line.startswith(metric):
+                verb = line.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in line else "queue-plan"
+                key = f"{verb}_{what}"
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def time_wait(port: int) -> dict[str, int]:
+    """TCP sockets in TIME-WAIT on loopback to or from `port`: a connection to the extender that was closed, by the
+    side that closed it (TIME-WAIT lasts 60 s on Linux, longer than the runs here)."""
+    closed = {"closed_by_client": 0, "closed_by_extender": 0}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "06":  # TIME_WAIT
+                continue
+            local, remote = int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)
+            if remote == port:
+                closed["closed_by_client"] += 1
+            elif local == port:
+                closed["closed_by_extender"] += 1
+    return closed
+
+
+CONFIGS = ("default", "same_profile", "extender")
+
+
+def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             sample_percent: int | None = None, *, cpu_entry: bool = False, all_pods: bool = False,
-            cpu_share: float = 0.0) -> dict:
-    """`cpu_entry`: with the CPU-pod entry as deploy/ ships it (extender.schedconfig.cpu_pods_entry) beside the GPU
-    pods' entry. `all_pods`: every pod through the GPU entry's filter, prioritize and bind instead (the other scheme).
-    `cpu_share`: this fraction of the pods asks for no GPU (2 cores, 4Gi)."""
+            cpu_share: float = 0.0, idle_s: float = 5.0, extender_options: list[str] | None = None) -> dict:
+    """`config`: one of CONFIGS. `cpu_entry`: with the CPU-pod entry as deploy/ ships it
+    (extender.schedconfig.cpu_pods_entry) beside the GPU pods' entry. `all_pods`: every pod through the GPU entry's
+    filter, prioritize and bind instead (the other scheme). `cpu_share`: this fraction of the pods asks for no GPU
+    (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender (GPUAAS_EXTENDER_KEY)."""
+    with_extender = config == "extender"
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
         port = free_port()
         extenders = (extender_entries(f"http://127.0.0.1:{port}", cpu_pods=cpu_entry, all_pods=all_pods)
                      if with_extender else None)
         profiles = None
-        if with_extender or sample_percent is not None:
-            profile: dict[str, Any] = (gpuaas_profile("default-scheduler", all_pods=all_pods) if with_extender
+        if config != "default" or sample_percent is not None:
+            profile: dict[str, Any] = (gpuaas_profile("default-scheduler", all_pods=all_pods) if config != "default"
                                        else {"schedulerName": "default-scheduler"})
             if sample_percent is not None:  # 0: kube-scheduler's adaptive default sample
                 profile["percentageOfNodesToScore"] = sample_percent
             profiles = [profile]
         cluster = LocalCluster(workdir, name="tput", extenders=extenders, scheduler_profiles=profiles)
-        ext = extender_process(workdir, cluster.kubeconfig, port=port) if with_extender else None
+        env = {f"GPUAAS_EXTENDER_{k.upper()}": v for k, v in (o.split("=", 1) for o in extender_options or [])}
+        ext = extender_process(workdir, cluster.kubeconfig, port=port, env=env) if with_extender else None
         try:
             cluster.up(parse_pool_spec(pools(nodes)), timeout=300)
             if ext:
@@ -108,75 +174,142 @@ def one_run(nodes: int, pods: int, seed: int, with_extender: bool, timeout: floa
             if ext:
                 assert ext.popen is not None, "started above"
                 procs["gpuaas-extender"] = ext.popen.pid
+            time.sleep(3)  # the creations' watch events settle
+            idle_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+            time.sleep(idle_s)
+            idle = {name: (cpu_seconds(pid) - idle_before[name]) / idle_s for name, pid in procs.items()}
             cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             requests_before = apiserver_requests(cluster)
+            ext_before = extender_seconds(ext.url) if ext else {}
             t0 = time.monotonic()
             cluster.control_plane.start_scheduler()
             while (left := unbound(core, "tput")) > 0:
                 if time.monotonic() - t0 > timeout:
-                    raise SystemExit(f"{left} pods still unbound after {timeout}s (extender={with_extender})")
+                    raise SystemExit(f"{left} pods still unbound after {timeout}s ({config})")
                 time.sleep(0.25)
             elapsed = time.monotonic() - t0
-            cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 1) for name, pid in procs.items()}
+            # CPU is read once every pod is Running too: kwok's status patches (and their watch events) are work per
+            # pod that a fast run would otherwise leave after its clock stops and a slow one pay inside it.
+            while not_running(core, "tput") > 0 and time.monotonic() - t0 < timeout:
+                time.sleep(0.25)
+            settled = time.monotonic() - t0
+            cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in procs.items()}
             state = cluster.control_plane.state  # read again: the scheduler was started since
             assert state is not None
             cpu["kube-scheduler"] = cpu_seconds(state.components["kube-scheduler"].pid)
             requests = apiserver_requests(cluster)
             requests.subtract(requests_before)
-            busiest = {k: int(v) for k, v in requests.most_common(8) if v > 0}
-            return {"cpu_seconds_while_scheduling": cpu, "apiserver_requests_while_scheduling": busiest,
-                    "extender": with_extender, "cpu_pods_entry": cpu_entry, "all_pods": all_pods, "nodes": nodes,
-                    "pods": pods,
-                    "cpu_only_pods": sizes.count(0), "gpus_requested": sum(sizes),
-                    "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1)}
+            busiest = {k: int(v) for k, v in requests.most_common(10) if v > 0}
+            out = {"config": config, "cpu_pods_entry": cpu_entry, "all_pods": all_pods, "nodes": nodes, "pods": pods,
+                   "cpu_only_pods": sizes.count(0), "gpus_requested": sum(sizes),
+                   "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1),
+                   "seconds_until_all_running": round(settled, 2),
+                   "cpu_seconds_while_scheduling": {k: round(v, 2) for k, v in cpu.items()},
+                   "cpu_ms_per_pod": {k: round(1000 * v / pods, 2) for k, v in cpu.items()},
+                   "idle_cpu_per_s": {k: round(v, 3) for k, v in idle.items()},
+                   "cpu_ms_per_pod_above_idle": {k: round(1000 * (v - idle.get(k, 0.0) * settled) / pods, 2)
+                                                 for k, v in cpu.items()},
+                   "apiserver_requests_while_scheduling": busiest}
+            if ext:
+                spent = {k: v - ext_before.get(k, 0.0) for k, v in extender_seconds(ext.url).items()}
+                out["extender_options"] = extender_options or []
+                out["extender_ms_per_pod"] = {k[:-2]: round(1000 * v / pods, 3) for k, v in sorted(spent.items())
+                                              if k.endswith("_s")}
+                out["extender_calls"] = {k[:-6]: int(v) for k, v in sorted(spent.items()) if k.endswith("_calls")}
+                out["extender_connections"] = time_wait(port)
+            return out
         finally:
             if ext:
                 ext.stop()
             cluster.down()
 
 
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def summary(runs: dict[str, list[dict]]) -> dict:
+    """Medians over the rounds per configuration; ratios per round (runs next to each other), their median and
+    range."""
+    out: dict[str, Any] = {}
+    for config, rs in runs.items():
+        comps = sorted({c for r in rs for c in r["cpu_ms_per_pod"]})
+        out[config] = {
+            "pods_per_second": median([r["pods_per_second"] for r in rs]),
+            "pods_per_second_runs": [r["pods_per_second"] for r in rs],
+            "cpu_ms_per_pod": {c: median([r["cpu_ms_per_pod"].get(c, 0.0) for r in rs]) for c in comps},
+            "cpu_ms_per_pod_above_idle": {c: median([r["cpu_ms_per_pod_above_idle"].get(c, 0.0) for r in rs])
+                                          for c in comps},
+        }
+        if config == "extender":
+            keys = sorted({k for r in rs for k in r["extender_ms_per_pod"]})
+            out[config]["extender_ms_per_pod"] = {k: median([r["extender_ms_per_pod"].get(k, 0.0) for r in rs])
+                                                  for k in keys}
+    rounds = len(runs["extender"])
+
+    def ratio(a: str, b: str) -> dict:
+        per_round = [round(runs[a][i]["pods_per_second"] / runs[b][i]["pods_per_second"], 3) for i in range(rounds)]
+        return {"median": median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
+
+    out["ratio_to_same_profile"] = ratio("extender", "same_profile")
+    out["ratio_to_default"] = ratio("extender", "default")
+    out["same_profile_to_default"] = ratio("same_profile", "default")
+    return out
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the three configurations, interleaved")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"which of {','.join(CONFIGS)} to run (the ratios need all three)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--idle-s", type=float, default=5.0, help="the quiet window that measures idle CPU")
     parser.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
                         help="override the gpuaas profile's 100 (0 = kube-scheduler's adaptive sample)")
     parser.add_argument("--cpu-only-share", type=float, default=0.0,
                         help="fraction of the pods that ask for no GPU (default 0: GPU pods only)")
+    parser.add_argument("--extender-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extender setting (e.g. queue_planning_min_pods=0), as GPUAAS_EXTENDER_KEY")
     parser.add_argument("--cpu-pods-entry", action="store_true",
                         help="instead: the extender with the GPU entry alone, with the CPU-pod entry (as deploy/ "
                              "ships it) and with every pod through the GPU entry (all_pods), same pods, one after "
                              "the other; ratio_cpu_pods_entry and ratio_all_pods are to the first")
     args = parser.parse_args()
+    common = {"cpu_share": args.cpu_only_share, "idle_s": args.idle_s}
     if args.cpu_pods_entry:  # the two extender runs first and back to back: the ratio that matters is theirs
-        gpu_entry = one_run(args.nodes, args.pods, args.seed, True, args.timeout, cpu_share=args.cpu_only_share)
-        both = one_run(args.nodes, args.pods, args.seed, True, args.timeout, cpu_entry=True,
-                       cpu_share=args.cpu_only_share)
-        every = one_run(args.nodes, args.pods, args.seed, True, args.timeout, all_pods=True,
-                        cpu_share=args.cpu_only_share)
+        gpu_entry = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, **common)
+        both = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, cpu_entry=True, **common)
+        every = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, all_pods=True, **common)
         print(json.dumps({"bench": "scheduler_throughput", "comparison": "cpu_pods_entry",
                           "gpu_entry_only": gpu_entry, "with_cpu_pods_entry": both, "all_pods_through_gpu_entry": every,
                           "ratio_cpu_pods_entry": round(both["pods_per_second"] / gpu_entry["pods_per_second"], 3),
                           "ratio_all_pods": round(every["pods_per_second"] / gpu_entry["pods_per_second"], 3)},
                          indent=2))
         return
-    base = one_run(args.nodes, args.pods, args.seed, False, args.timeout, cpu_share=args.cpu_only_share)
-    ours = one_run(args.nodes, args.pods, args.seed, True, args.timeout, args.percentage_of_nodes_to_score,
-                   cpu_share=args.cpu_only_share)
-    # The gpuaas profile scores every node (percentageOfNodesToScore 100), the default scheduler a sample: a third
-    # run without the extender at the same setting tells that cost apart from the extender's.
-    sampling = 100 if args.percentage_of_nodes_to_score is None else args.percentage_of_nodes_to_score
-    same = (one_run(args.nodes, args.pods, args.seed, False, args.timeout, sampling, cpu_share=args.cpu_only_share)
-            if sampling else None)
-    out = {"bench": "scheduler_throughput",
-           "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score or "100 (gpuaas profile)",
-           "without_extender": base, "with_extender": ours,
-           "ratio": round(ours["pods_per_second"] / base["pods_per_second"], 3), "target_ratio": 0.8}
-    if same is not None:
-        out["without_extender_same_sampling"] = same
-        out["ratio_to_same_sampling"] = round(ours["pods_per_second"] / same["pods_per_second"], 3)
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        parser.error(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    for r in range(args.repeats):
+        for config in configs[r % len(configs):] + configs[:r % len(configs)]:
+            sample = None if config == "default" else args.percentage_of_nodes_to_score
+            run = one_run(args.nodes, args.pods, args.seed, config, args.timeout, sample,
+                          extender_options=args.extender_option if config == "extender" else None, **common)
+            run["round"] = r
+            runs[config].append(run)
+            print(json.dumps({"progress": config, "round": r, "pods_per_second": run["pods_per_second"]}),
+                  file=sys.stderr, flush=True)
+    out: dict[str, Any] = {"bench": "scheduler_throughput", "nodes": args.nodes, "pods": args.pods,
+                           "repeats": args.repeats,
+                           "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score or "100 (gpuaas profile)",
+                           "extender_options": args.extender_option, "target_ratio_to_same_profile": 0.8,
+                           "target_extender_cpu_ms_per_pod": 1.0, "runs": runs}
+    if set(configs) == set(CONFIGS):
+        out["summary"] = summary(runs)
     print(json.dumps(out, indent=2))
 
 
