@@ -29,24 +29,39 @@ which says how many of the points kubernetes lost each accounts for.
 CPU-only pods: by default only GPU pods reach the extender (extender_entry's managedResources) and kube-scheduler
 alone places the others; --cpu-pods-entry adds the prioritize-only entry for them (the shipped deployment's);
 --all-pods sends every pod through every verb; --gpu-only leaves them out of the replay.
+
+--dra (docs/devices.md, "DRA mode"): the slice's GPU pools are declared `dra: true` (the local cluster publishes their
+GPUs as ResourceSlices in the NVIDIA driver's shape, no nvidia.com/gpu), and each GPU pod asks through a
+ResourceClaimTemplate as a user writes it (gpuaas.workloads.dra_claim_template: N whole GPUs of gpu.nvidia.com, or a
+share of gpu-share.gpuaas.io asking capacity `share` in thousandths); CPU-only pods are as without --dra.
+`--dra-allocator gpuaas` (default): the pods are created with the gate gpuaas.io/gang (what the webhook adds) and
+`gpuaas gangs` (dra_gangs_config) allocates each claim and releases the pod, kube-scheduler binds; in sequential mode a
+pod failed when the controller decided it waits (its /explain), and in burst mode the controller starts after every
+pod and claim exists. `--dra-allocator kube-scheduler`: gpuaas off, kube-scheduler's default configuration, no
+extender, its DynamicResources plugin allocates first fit. The allocation ratio counts the bound pods' demands; the
+claims' own allocations are read back and checked against them (kubernetes.dra: the ratio of what the claims hold,
+devices given twice, claims not as asked or off the pod's node).
 Usage:
   python bench/extender_replay.py --nodes CSV --pods CSV [--mode sequential|burst] [--slice 100] [--tune 1.5]
       [--seed 42] [--all-pods | --cpu-pods-entry] [--gpu-only] [--quiet-s 30]
       [--extender-option queue_planning_min_pods=0] [--dump FILE]
+      [--dra [--dra-allocator gpuaas|kube-scheduler] [--gangs-option KEY=VALUE]]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import re
 import tempfile
 import threading
 import time
 import urllib.request
 from bisect import bisect_right, insort
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -380,6 +395,7 @@ class PodWatch:
         self._stop = False
         self.listed = threading.Event()  # the first list is in: bindings from now on are seen in order
         self.errors: list[str] = []
+        self.not_failures: frozenset[str] = frozenset()  # PodScheduled=False reasons not counted (DRA: SchedulingGated)
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
 
     def start(self) -> None:
@@ -403,7 +419,7 @@ class PodWatch:
                 self.cond.notify_all()
             elif name not in self.failed and not pod["spec"].get("nodeName"):
                 reason = unschedulable(pod)
-                if reason is not None:
+                if reason is not None and reason not in self.not_failures:
                     self.failed[name] = (now - self.t0, reason)
                     self.cond.notify_all()
 
@@ -435,11 +451,13 @@ class PodWatch:
                 rv = None
                 time.sleep(0.5)
 
-    def wait(self, name: str, timeout: float) -> str:
-        """Until pod `name` is bound ("bound") or marked unschedulable ("failed"), or `timeout` ("timeout")."""
+    def wait(self, name: str, timeout: float, probe: Callable[[], bool] | None = None) -> str:
+        """Until pod `name` is bound ("bound") or marked unschedulable ("failed"), or `timeout` ("timeout").
+        `probe`: asked every 0.5 s (outside the lock) whether the pod failed by another measure (DRA with gpuaas: the
+        gang controller decided it does not fit)."""
         end = time.monotonic() + timeout
-        with self.cond:
-            while True:
+        while True:
+            with self.cond:
                 if name in self.bound:
                     return "bound"
                 if name in self.failed:
@@ -447,7 +465,12 @@ class PodWatch:
                 left = end - time.monotonic()
                 if left <= 0:
                     return "timeout"
-                self.cond.wait(left)
+                self.cond.wait(left if probe is None else min(left, 0.5))
+                if name in self.bound or name in self.failed or probe is None:
+                    continue
+            if probe():
+                with self.cond:
+                    return "bound" if name in self.bound else "failed"
 
     def quiet(self, total: int, quiet_s: float, deadline: float, since: float) -> str:
         """Until every pod is bound ("all bound"), or `quiet_s` pass without a new binding ("quiet"), or `deadline`."""
@@ -495,6 +518,139 @@ def kubernetes_state(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
     return state, placements, dict(issues)
 
 
+# -- DRA (--dra): the same pods asking for their GPUs through ResourceClaims ------------------------------------------
+
+def dra_gangs_config(args: argparse.Namespace) -> dict[str, Any]:
+    """`gpuaas gangs`'s config in the replay: a round at least every second, one replica (no Lease), the replay's
+    policy; a released pod is given the whole run to bind; and reserve_after_s (a gang that waited this long for room
+    holds every later one back: fairness where pods leave) beyond the run, since nothing leaves a replay and the first
+    pod that did not fit would hold every later arrival. --gangs-option overrides."""
+    return {"interval_s": 1, "leader_election": {"enabled": False}, "policy": args.policy,
+            "bind_timeout_s": max(120.0, args.timeout), "reserve_after_s": 10 * args.timeout,
+            **extender_options(args.gangs_option)}
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def gangs_waits_for_room(url: str, key: str) -> bool:
+    """The gang controller's last decision for pod `key` (namespace/name) is to wait: it fits nowhere now (a pod of
+    the replay is a gang of one; a pod whose claim is not generated yet is not decided on)."""
+    try:
+        return _get_json(f"{url}/explain?pod={key}").get("action") == "wait"
+    except OSError:
+        return False
+
+
+def _reconciles(url: str) -> float:
+    from bench.gang_replay import RECONCILE_METRIC, get_metrics
+    return get_metrics(url).get(f"{RECONCILE_METRIC}_count", 0.0)
+
+
+def controller_quiet(watcher: PodWatch, url: str, total: int, quiet_s: float, deadline: float, end: str) -> str:
+    """After PodWatch.quiet said "quiet": also two reconciles of the controller finished with nothing bound meanwhile
+    (a first plan of a burst can take longer than the quiet period)."""
+    while end == "quiet":
+        with watcher.cond:
+            binds = len(watcher.bound)
+        start = _reconciles(url)
+        while _reconciles(url) < start + 2:
+            if time.monotonic() >= deadline:
+                return "timeout"
+            time.sleep(0.5)
+        with watcher.cond:
+            if len(watcher.bound) == binds:
+                return "quiet"
+            since = watcher.last_bind
+        end = watcher.quiet(total, quiet_s, deadline, since)
+    return end
+
+
+def claims_generated(resource: Any, count: int, timeout: float) -> None:
+    """Until the replay namespace holds `count` ResourceClaims (kube-controller-manager makes one per pod from its
+    template)."""
+    end = time.monotonic() + timeout
+    while True:
+        have = len(json.loads(resource.list_namespaced_resource_claim(
+            NAMESPACE, _preload_content=False).data)["items"])
+        if have >= count:
+            return
+        if time.monotonic() > end:
+            raise SystemExit(f"only {have} of {count} ResourceClaims generated after {timeout:.0f} s")
+        time.sleep(1)
+
+
+def controller_summary(ctl: Any) -> dict[str, Any]:
+    from bench.gang_replay import RECONCILE_METRIC, get_metrics, histogram_summary
+    metrics = get_metrics(ctl.url)
+    log = ctl.log.read_text(errors="replace") if ctl.log.exists() else ""
+    decisions = _get_json(f"{ctl.url}/gangs")
+    waits = Counter(re.sub(r"\d+(\.\d+)?", "N", d["message"]) for d in decisions.values() if d["action"] == "wait")
+    return {"reconcile_seconds": histogram_summary(metrics, RECONCILE_METRIC),
+            "last_decisions_by_action": dict(Counter(d["action"] for d in decisions.values())),
+            "wait_messages_by_shape": dict(waits.most_common(8)),
+            "released_total": int(metrics.get("gpuaas_gangs_released_total", 0)),
+            "failed_writes_total": int(metrics.get("gpuaas_gangs_failed_writes_total", 0)),
+            "waiting": int(metrics.get("gpuaas_gangs_waiting", 0)),
+            "log_errors": [ln[:300] for ln in log.splitlines() if '"ERROR"' in ln or "Traceback" in ln][:5]}
+
+
+def dra_outcome(base: ClusterState, node_objs: list[dict[str, Any]], slice_objs: list[dict[str, Any]],
+                claim_objs: list[dict[str, Any]], pods: dict[str, dict[str, Any]], demand_of: dict[str, PodDemand],
+                capacity: int) -> tuple[dict[str, Any], ClusterState]:
+    """What the claims hold at the end, read from their `status.allocation` (scoring.dramodel, as gpuaas reads them):
+    the GPU allocation ratio of the devices allocated (a whole device 1000, a share its consumed `share`), checked
+    against the bound pods: each bound GPU pod's claim allocated on its node with what it asked, no device given
+    twice, no allocation without a bound pod. Also the cluster as the model sees it (`base`, the Nodes and bound pods,
+    with the DRA GPUs and their usage), each pod's entry with its replay demand."""
+    from scoring.draclaims import ALLOCATED_FOR_ANNOTATION
+    from scoring.dramodel import dra_cluster, dra_model
+    cluster = dra_cluster(slice_objs, claim_objs)
+    nodes = {n["metadata"]["name"]: n for n in node_objs}
+    model = dra_model(base, nodes, cluster, slice_objs)
+    held = sum(MILLI * use.whole + use.share_milli for devices in cluster.usage.values() for use in devices.values())
+    by: Counter[str] = Counter()
+    issues: Counter[str] = Counter()
+    examples: list[str] = []
+    for claim in claim_objs:
+        meta = claim["metadata"]
+        pod = next((o["name"] for o in meta.get("ownerReferences") or () if o.get("kind") == "Pod"), "")
+        alloc = (claim.get("status") or {}).get("allocation")
+        node = (pods.get(pod) or {}).get("spec", {}).get("nodeName")
+        demand = demand_of.get(pod)
+        if not alloc:
+            if node:
+                issues["bound_pods_with_claim_not_allocated"] += 1
+            continue
+        by["gpuaas" if ALLOCATED_FOR_ANNOTATION in (meta.get("annotations") or {}) else "kube-scheduler"] += 1
+        results = alloc.get("devices", {}).get("results") or []
+        if not node:
+            issues["allocated_claims_of_unbound_pods"] += 1
+            continue
+        got = sum(MILLI if not r.get("shareID") else int(str((r.get("consumedCapacity") or {}).get("share", 0)))
+                  for r in results)
+        wrong = [r for r in results if r.get("pool") != node]
+        if wrong or demand is None or got != demand.total_gpu_milli:
+            issues["claims_not_as_asked_or_off_node"] += 1
+            if len(examples) < 5:
+                examples.append(f"{meta['name']}: pod {pod} on {node} asked {demand and demand.total_gpu_milli}, "
+                                f"got {got} on {[r.get('pool') + '/' + r.get('device') for r in results]}")
+    state = model.state
+    for row, entries in enumerate(state.pods_on):  # the replay's demand for each pod, not the CPU-only one base read
+        state.pods_on[row] = [(demand_of.get(p.name.split("/", 1)[-1], p), d) for p, d in entries]
+    return {
+        "allocation_ratio_of_claims": ratio(held, capacity),
+        "claims": len(claim_objs), "claims_allocated_by": dict(by),
+        "devices_given_twice_or_overcommitted": len(model.errors), "examples_given_twice": model.errors[:5],
+        "issues": {"bound_pods_with_claim_not_allocated": 0, "allocated_claims_of_unbound_pods": 0,
+                   "claims_not_as_asked_or_off_node": 0, **issues},
+        "examples_not_as_asked": examples,
+        "unreadable_pools": cluster.errors,
+    }, state
+
+
 def extender_options(pairs: Sequence[str]) -> dict[str, Any]:
     """KEY=VALUE settings of the extender (fields of extender.config.ExtenderConfig); values read as JSON when they
     parse (numbers, true/false), as text otherwise."""
@@ -510,9 +666,10 @@ def extender_options(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def code_version() -> dict[str, Any]:
+def code_version(*, with_gangs: bool = False) -> dict[str, Any]:
     """The commit the extender and the scheduler configuration ran from, and whether their files differed from it
-    (the work tree is shared: a run measures what was on disk when it started)."""
+    (the work tree is shared: a run measures what was on disk when it started); `with_gangs`: the gang controller's
+    too (--dra)."""
     import subprocess
     root = Path(__file__).resolve().parent.parent
 
@@ -521,7 +678,8 @@ def code_version() -> dict[str, Any]:
             return subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    changed = git("status", "--porcelain", "--", "extender", "scoring", "runtime", "gpuaas/cluster")
+    changed = git("status", "--porcelain", "--", "extender", "scoring", "runtime", "gpuaas/cluster",
+                  *(("gangs", "gpuaas/workloads.py") if with_gangs else ()))
     return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": [ln[3:] for ln in changed.splitlines()]}
 
 
@@ -536,40 +694,67 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
     from kubernetes import client
 
     from extender.schedconfig import extender_entries, gpuaas_profile
-    from gpuaas.cluster.components import extender_process
+    from gpuaas.cluster.components import extender_process, gangs_process
     from gpuaas.cluster.local import LocalCluster
     from gpuaas.cluster.process import free_port
-    from gpuaas.workloads import pod_for_demand
+    from gpuaas.workloads import dra_claim_template, dra_pod_for_demand, pod_for_demand
 
     names = [f"p{i:05d}" for i in range(len(pods))]
     demand_of = dict(zip(names, pods, strict=True))
     timings: dict[str, float] = {}
     out: dict[str, Any] = {}
+    dra = bool(args.dra)
+    by_gpuaas = dra and args.dra_allocator == "gpuaas"  # the gang controller allocates the claims
     with tempfile.TemporaryDirectory(prefix="gpuaas-replay-") as tmp:
         workdir = args.workdir or Path(tmp)
+        Path(workdir).mkdir(parents=True, exist_ok=True)
         port = free_port()
-        cluster = LocalCluster(workdir, name="replay",
-                               extenders=extender_entries(f"http://127.0.0.1:{port}", all_pods=args.all_pods,
-                                                          cpu_pods=args.cpu_pods_entry),
-                               scheduler_profiles=[gpuaas_profile("default-scheduler", all_pods=args.all_pods)])
-        extra: list[str] = []
-        if args.extender_option:
-            config = Path(workdir) / "replay-extender.json"
-            config.write_text(json.dumps(extender_options(args.extender_option)))
-            extra = ["--config", str(config)]
-        ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port, extra=extra)
+        ext = ctl = None
+        if dra and not by_gpuaas:  # gpuaas off: kube-scheduler's default configuration, its DRA allocator alone
+            cluster = LocalCluster(workdir, name="replay")
+        else:
+            cluster = LocalCluster(workdir, name="replay",
+                                   extenders=extender_entries(f"http://127.0.0.1:{port}", all_pods=args.all_pods,
+                                                              cpu_pods=args.cpu_pods_entry),
+                                   scheduler_profiles=[gpuaas_profile("default-scheduler", all_pods=args.all_pods)])
+            extra: list[str] = []
+            if args.extender_option:
+                config = Path(workdir) / "replay-extender.json"
+                config.write_text(json.dumps(extender_options(args.extender_option)))
+                extra = ["--config", str(config)]
+            ext = extender_process(workdir, cluster.kubeconfig, policy=args.policy, port=port, extra=extra)
+        if by_gpuaas:
+            gangs_config = Path(workdir) / "replay-gangs.json"
+            gangs_config.write_text(json.dumps(dra_gangs_config(args)))
+            ctl = gangs_process(workdir, cluster.kubeconfig, gangs_config)
         watcher: PodWatch | None = None
         try:
             t = time.monotonic()
             cluster.up(spec, timeout=300)
-            ext.start(timeout=60)
+            if ext is not None:
+                ext.start(timeout=60)
+            if ctl is not None and args.mode == "sequential":
+                ctl.start(timeout=60)
             timings["cluster_up_s"] = time.monotonic() - t
             core = client.CoreV1Api(cluster.api)
             core.create_namespace({"metadata": {"name": NAMESPACE}})
+            if dra:
+                resource = client.ResourceV1Api(cluster.api)
+                for template in {dra_claim_template(p, NAMESPACE)["metadata"]["name"]: dra_claim_template(
+                        p, NAMESPACE) for p in pods if p.gpus}.values():
+                    resource.create_namespaced_resource_claim_template(NAMESPACE, template, _preload_content=False)
 
             def create(i: int) -> None:
-                core.create_namespaced_pod(NAMESPACE, pod_for_demand(names[i], NAMESPACE, pods[i]),
-                                           _preload_content=False)
+                pod = dra_pod_for_demand(names[i], NAMESPACE, pods[i], gated=by_gpuaas) if dra else \
+                    pod_for_demand(names[i], NAMESPACE, pods[i])
+                core.create_namespaced_pod(NAMESPACE, pod, _preload_content=False)
+
+            probe: Callable[[str], bool] | None = None
+            if ctl is not None:
+                ctl_url = ctl.url
+
+                def probe(name: str) -> bool:  # the controller decided the pod waits for room: it did not fit
+                    return gangs_waits_for_room(ctl_url, f"{NAMESPACE}/{name}")
 
             first_fail: dict[str, Any] | None = None
             first_marked: dict[str, Any] | None = None
@@ -577,10 +762,13 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
             if args.mode == "sequential":
                 t0 = time.monotonic()
                 watcher = PodWatch(core, demand_of, t0)
+                if by_gpuaas:
+                    watcher.not_failures = frozenset({"SchedulingGated"})
                 watcher.start()
                 for i in range(len(pods)):
                     create(i)
-                    outcome = watcher.wait(names[i], args.pod_timeout)
+                    outcome = watcher.wait(names[i], args.pod_timeout,
+                                           partial(probe, names[i]) if probe is not None and pods[i].gpus else None)
                     outcomes[outcome] += 1
                     if outcome != "bound" and pods[i].gpus and first_fail is None:
                         with watcher.cond:
@@ -595,18 +783,30 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
                 with watcher.cond:
                     at_last = ratio(watcher.bound_gpu_milli, capacity)
                 end = watcher.quiet(len(pods), args.quiet_s, t0 + args.timeout + args.quiet_s, time.monotonic())
+                if ctl is not None:
+                    end = controller_quiet(watcher, ctl.url, len(pods), args.quiet_s, t0 + args.timeout, end)
             else:
                 cluster.control_plane.stop_scheduler()
                 t = time.monotonic()
                 for i in range(len(pods)):  # one at a time: creation order is index order, the simulator's order
                     create(i)
                 timings["create_s"] = time.monotonic() - t
+                if dra:  # the pods' claims, generated from their templates by kube-controller-manager, exist first
+                    t = time.monotonic()
+                    claims_generated(resource, sum(1 for p in pods if p.gpus), timeout=600)
+                    timings["claims_generated_s"] = time.monotonic() - t
                 time.sleep(2)  # let the extender see the arrivals (its workload estimate) before scheduling starts
                 t0 = time.monotonic()
                 watcher = PodWatch(core, demand_of, t0)
+                if by_gpuaas:
+                    watcher.not_failures = frozenset({"SchedulingGated"})
                 watcher.start()
                 cluster.control_plane.start_scheduler()
+                if ctl is not None:  # the controller meets the whole burst at once, as the scheduler does
+                    ctl.start(timeout=120)
                 end = watcher.quiet(len(pods), args.quiet_s, t0 + args.timeout, t0)
+                if ctl is not None:
+                    end = controller_quiet(watcher, ctl.url, len(pods), args.quiet_s, t0 + args.timeout, end)
                 at_last = None
             timings["schedule_s"] = time.monotonic() - t0  # includes the quiet period
             with watcher.cond:
@@ -625,14 +825,27 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
                                         1 for tb in bind_times.values() if tb <= t_first)}
             objs = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
             node_objs = json.loads(core.list_node(_preload_content=False).data)["items"]
-            out["extender_decisions"] = extender_decisions(ext.url)
+            claim_objs: list[dict[str, Any]] = []
+            slice_objs: list[dict[str, Any]] = []
+            if dra:
+                claim_objs = json.loads(resource.list_namespaced_resource_claim(
+                    NAMESPACE, _preload_content=False).data)["items"]
+                slice_objs = json.loads(resource.list_resource_slice(_preload_content=False).data)["items"]
+            if ext is not None:
+                out["extender_decisions"] = extender_decisions(ext.url)
+            if ctl is not None:
+                out["gang_controller"] = controller_summary(ctl)
             if args.dump:
                 args.dump.write_text(json.dumps({"pods": objs, "nodes": node_objs, "bind_seconds": bind_times,
-                                                 "marked_unschedulable": marked}))
+                                                 "marked_unschedulable": marked,
+                                                 **({"claims": claim_objs} if dra else {})}))
         finally:
             if watcher is not None:
                 watcher.stop()
-            ext.stop()
+            if ctl is not None:
+                ctl.stop()
+            if ext is not None:
+                ext.stop()
             cluster.down()
 
     by_name = {p["metadata"]["name"]: p for p in objs}
@@ -647,6 +860,9 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
     placed = [n in bound_names for n in names]
     used = sum(pod_demand(by_name[n]).total_gpu_milli for n in bound_names)
     state, placements, issues = kubernetes_state(node_objs, objs)
+    if dra:  # the pods ask through claims, which pod_demand does not read; what the claims hold is checked below
+        used = sum(demand_of[n].total_gpu_milli for n in bound_names)
+        out["dra"], state = dra_outcome(state, node_objs, slice_objs, claim_objs, by_name, demand_of, capacity)
     unplaced = [pods[i] for i, ok in enumerate(placed) if not ok]
     late = [n for n in bound_names if n in marked]
     out.update({
@@ -671,7 +887,7 @@ def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capa
         "bind_order_out_of_creation_order": out_of_order([rank[n] for n in order]),
         "bind_order": [rank[n] for n in order],
         "cpu_only_nodes": {rank[n]: by_name[n]["spec"]["nodeName"] for n in bound_names if not demand_of[n].gpus},
-        "partly_used_gpus": partly_used(gpu_use(placements)),
+        "partly_used_gpus": partly_used_in_state(state) if dra else partly_used(gpu_use(placements)),
         "model_state_issues": issues,
         "cpu_only_pods_on_gpu_nodes": cpu_only_on_gpu_nodes(state),
         "free_gpu_at_end": free_gpu_breakdown(state, unplaced),
@@ -704,6 +920,14 @@ def main() -> None:
     parser.add_argument("--extender-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an extender setting (extender.config.ExtenderConfig), e.g. queue_planning_min_pods=0 "
                              "(joint planning of the queue off); repeatable")
+    parser.add_argument("--dra", action="store_true",
+                        help="the slice's GPU nodes are DRA nodes (ResourceSlices, no nvidia.com/gpu) and the GPU pods "
+                             "ask through ResourceClaimTemplates (whole GPUs, N GPUs, a share as consumable capacity)")
+    parser.add_argument("--dra-allocator", choices=("gpuaas", "kube-scheduler"), default="gpuaas",
+                        help="with --dra: gpuaas (pods gated, `gpuaas gangs` allocates the claims, kube-scheduler "
+                             "binds) or kube-scheduler (gpuaas off: its default configuration and DRA allocator alone)")
+    parser.add_argument("--gangs-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --dra: a setting of `gpuaas gangs` (gangs.config.GangsConfig); repeatable")
     parser.add_argument("--dump", type=Path, help="write the final Pod and Node objects and bind times here (JSON)")
     parser.add_argument("--workdir", type=Path, help="keep the cluster's logs here (default: a temporary folder)")
     args = parser.parse_args()
@@ -712,10 +936,10 @@ def main() -> None:
     from runtime.pools import pools_from_node_specs
 
     started = time.monotonic()
-    version = code_version()
+    version = code_version(with_gangs=args.dra)
     all_nodes = load_nodes(args.nodes)
     nodes = random.Random(args.seed).sample(all_nodes, args.slice)
-    spec = pools_from_node_specs(nodes)
+    spec = pools_from_node_specs(nodes, dra=args.dra)
     trace = load_pods(args.pods)
     if args.gpu_only:
         trace = [p for p in trace if p.gpus]
@@ -739,7 +963,10 @@ def main() -> None:
                    "all_pods": args.all_pods, "gpu_only": args.gpu_only, "policy": args.policy,
                    "quiet_s": args.quiet_s, "cpu_pods_entry": args.cpu_pods_entry and not args.all_pods,
                    "extender_options": extender_options(args.extender_option),
-                   "devices_annotation": DEVICES_ANNOTATION},
+                   "devices_annotation": DEVICES_ANNOTATION,
+                   **({"dra": True, "dra_allocator": args.dra_allocator,
+                       "gangs_options": dra_gangs_config(args) if args.dra_allocator == "gpuaas" else None}
+                      if args.dra else {})},
         "code": version,
         "slice_gpus": capacity // MILLI, "pods": len(pods),
         "simulator": simulator,

@@ -359,9 +359,10 @@ def spec_node_objects(spec: PoolSpec) -> list[dict[str, Any]]:
     return [node for pool in spec.pools for node in node_objects(pool)]
 
 
-def pools_from_node_specs(specs: list, prefix: str = "n") -> PoolSpec:
+def pools_from_node_specs(specs: list, prefix: str = "n", *, dra: bool = False) -> PoolSpec:
     """A pool spec that mirrors a list of model nodes (scoring.model.NodeSpec, e.g. a trace's cluster): one pool per
-    distinct (GPU model, GPUs, CPU, memory), in order of first appearance."""
+    distinct (GPU model, GPUs, CPU, memory), in order of first appearance. `dra`: the GPU pools are declared `dra:
+    true` (their GPUs published as ResourceSlices)."""
     groups: dict[tuple, int] = {}
     for s in specs:
         key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib, s.gpu_replicas if s.gpus else 1)
@@ -373,5 +374,7 @@ def pools_from_node_specs(specs: list, prefix: str = "n") -> PoolSpec:
                                 "cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": 1000}
         if per_node:
             pool["gpu"] = {"model": model, "count": per_node, **({"replicas": replicas} if replicas > 1 else {})}
+            if dra:
+                pool["dra"] = True
         pools.append(pool)
     return parse_pool_spec({"pools": pools})

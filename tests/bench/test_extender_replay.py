@@ -121,3 +121,38 @@ def test_place_in_order_without_changes_is_the_simulator():
                                    cpu_first_fit=[5, 4, 3, 2, 1, 0])
     first_cpu = next(i for i, p in enumerate(sim.arrivals) if not p.gpus)
     assert placed[first_cpu] and sim.arrivals[first_cpu] in [p for p, _ in state.pods_on[5]]
+
+
+def test_dra_outcome_reads_what_the_claims_hold_and_checks_it_against_the_bound_pods():
+    from bench.extender_replay import dra_outcome
+    from scoring.draclaims import DeviceResult, allocation
+    from scoring.kubeobjects import node_spec
+    from tests.scoring.test_dramodel import WHOLE, cluster_objects
+
+    nodes, slices = cluster_objects(WHOLE)  # two nodes of 4 A100s: 8 GPUs, 8000 milli
+
+    def claim(name, pod, node, *results):
+        return {"metadata": {"name": f"{pod}-gpu", "namespace": "replay",
+                             "ownerReferences": [{"kind": "Pod", "name": pod}]},
+                "status": {"allocation": allocation(node, list(results), "t")} if node else {}}
+
+    def bound(name, node):
+        return {"metadata": {"name": name, "namespace": "replay"}, "spec": {"nodeName": node}}
+
+    share = DeviceResult("gpu", "gpu-1-shared", share_id="s", consumed={"share": "400", "memory": "0"})
+    claims = [claim("a", "a", "dra-0000", DeviceResult("gpu", "gpu-0"), DeviceResult("gpu", "gpu-2")),
+              claim("b", "b", "dra-0000", share),
+              claim("c", "c", "dra-0001", DeviceResult("gpu", "gpu-0")),  # pod c bound elsewhere
+              claim("d", "d", "")]  # pod d bound, its claim never allocated
+    pods = {n: bound(n, node) for n, node in (("a", "dra-0000"), ("b", "dra-0000"), ("c", "dra-0000"),
+                                               ("d", "dra-0001"))}
+    demand_of = {"a": TWO, "b": SHARE, "c": ONE, "d": ONE}
+    base = ClusterState(sorted((node_spec(n) for n in nodes.values()), key=lambda s: s.name))
+    out, state = dra_outcome(base, list(nodes.values()), slices, claims, pods, demand_of, 8000)
+    # 2 whole + 400 + 1 whole = 3400 of 8000 milli
+    assert out["allocation_ratio_of_claims"] == 42.5
+    assert out["issues"] == {"bound_pods_with_claim_not_allocated": 1, "allocated_claims_of_unbound_pods": 0,
+                             "claims_not_as_asked_or_off_node": 1}
+    assert out["claims_allocated_by"] == {"kube-scheduler": 3}
+    assert out["devices_given_twice_or_overcommitted"] == 0
+    assert int(state.gpu_left[state.index["dra-0000"], :4].sum()) == 1600  # GPUs 1 (600 left) and 3
