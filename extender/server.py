@@ -35,6 +35,8 @@ from runtime.config import describe_errors
 from runtime.informer import Informer, Readiness
 from runtime.kubeclient import ApiEndpoint
 from scoring.clusterview import ClusterView
+from scoring.dra import DRA_API
+from scoring.draview import CLAIM_KIND, SLICE_KIND
 from scoring.kubeobjects import ObjectError
 from scoring.verdicts import Priorities
 
@@ -253,6 +255,7 @@ def live_app(config: ExtenderConfig) -> web.Application:
                      resync_seconds=config.resync_seconds)
     pods = Informer(endpoint, "/api/v1/pods", kind="Pod", on_change=view.on_change,
                     resync_seconds=config.resync_seconds)
+    watched = [nodes, pods]  # + ResourceSlices and ResourceClaims where the cluster serves resource.k8s.io/v1
     holder: dict[str, aiohttp.ClientSession] = {}
 
     async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
@@ -275,12 +278,13 @@ def live_app(config: ExtenderConfig) -> web.Application:
     service = ExtenderService(view, LazyBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names),
                               queue_planning=queue_planning(config))
     app = make_app(config, service, metrics,
-                   lambda: Informer.readiness((nodes, pods), config.max_watch_stale_seconds), reviewer)
+                   lambda: Informer.readiness(watched, config.max_watch_stale_seconds), reviewer)
 
     async def informers(app: web.Application) -> AsyncIterator[None]:
         async with endpoint.session() as session:
             holder["session"] = session
-            tasks = [asyncio.create_task(inf.run(session)) for inf in (nodes, pods)]
+            watched.extend(await dra_informers(session, endpoint, view, config.resync_seconds))
+            tasks = [asyncio.create_task(inf.run(session)) for inf in watched]
             yield
             for t in tasks:
                 t.cancel()
@@ -288,6 +292,20 @@ def live_app(config: ExtenderConfig) -> web.Application:
 
     app.cleanup_ctx.append(informers)
     return app
+
+
+async def dra_informers(session: aiohttp.ClientSession, endpoint: ApiEndpoint, view: ClusterView,
+                        resync_seconds: float) -> list[Informer]:
+    """Informers of ResourceSlices and ResourceClaims for the DRA nodes in the model (scoring.draview), or none where
+    the cluster does not serve resource.k8s.io/v1 (before Kubernetes 1.34)."""
+    async with session.get(DRA_API) as resp:
+        if resp.status == 404:
+            log.info("resource.k8s.io/v1 not served: no DRA nodes in the model")
+            return []
+        resp.raise_for_status()
+    return [Informer(endpoint, f"{DRA_API}/{plural}", kind=kind, on_change=view.on_change,
+                     resync_seconds=resync_seconds)
+            for plural, kind in (("resourceslices", SLICE_KIND), ("resourceclaims", CLAIM_KIND))]
 
 
 def warm_up_once_synced(app: web.Application) -> None:

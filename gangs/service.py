@@ -25,6 +25,7 @@ from runtime.kubeclient import ApiEndpoint, api_client
 from runtime.leader import component_elector
 from runtime.lifecycle import serve_with_elector
 from scoring.clusterview import ClusterView
+from scoring.dra import DRA_API
 from scoring.fragmentation import Workload
 from scoring.gangs import GROUP_LABELS, NodeFacts, gates
 
@@ -35,7 +36,6 @@ from .metrics import Metrics
 
 log = logging.getLogger("gpuaas.gangs")
 BATCH_S = 0.2
-DRA_API = "/apis/resource.k8s.io/v1"
 
 
 def _group_member(pod: dict[str, Any] | None) -> bool:

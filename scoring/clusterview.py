@@ -10,6 +10,11 @@ double-books a GPU; an assumption the watch does not confirm within `assume_ttl`
 A change of the node set (or of a node's GPU layout) rebuilds the model and the policy; pod changes are applied in
 place, and the policy is told which node changed (`Policy.observe`). Not thread-safe: one thread (an event loop) owns
 it.
+
+DRA nodes (scoring.draview): fed ResourceSlices and ResourceClaims too, a node labelled gpuaas.io/dra has the GPUs its
+slices publish, and every allocated claim holds its devices in the model as a bound pod holds its GPUs (the claims'
+pods themselves ask for CPU and memory only); a claim allocated, changed or deallocated is applied in place, a change
+of slices or of MIG partitions rebuilds.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scoring.constraints import HOSTNAME_LABEL
+from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
 from scoring.kubeobjects import (
@@ -87,6 +93,8 @@ class ClusterView:
         self._new_arrivals = 0
         self.rebuilds = 0
         self.parse_errors = 0
+        self.dra = DraView()
+        self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
 
     # ---- informer events -------------------------------------------------------------------------------------------
     def on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -94,6 +102,11 @@ class ClusterView:
             self._on_node(old, new)
         elif kind == "Pod":
             self._on_pod(old, new)
+        elif kind == SLICE_KIND:
+            self._respec(self.dra.on_slice(old, new))
+            self._dirty = True  # the claims' holds were read again against the new devices
+        elif kind == CLAIM_KIND:
+            self._on_claim(old, new)
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -108,7 +121,7 @@ class ClusterView:
             return
         self.nodes[name] = new
         try:
-            spec = node_spec(new)
+            spec = self.dra.node_spec(new, node_spec(new))
             self.bad_nodes.pop(name, None)
         except (ObjectError, UnknownGpuModelError, ValueError) as err:
             self.parse_errors += 1
@@ -242,6 +255,59 @@ class ClusterView:
         for key, placement in old.items():
             if key not in self.placements and key in old_assumed:
                 self.assume(key, placement.node, placement.demand, placement.devices)
+        self._held = {}
+        for key, holds in self.dra.holds.items():
+            self._hold(key, holds)
+
+    # ---- DRA: what allocated claims hold ---------------------------------------------------------------------------
+    def _respec(self, names: set[str]) -> None:
+        """Read the specs of DRA nodes `names` again (their slices or partitions changed)."""
+        for name in names:
+            node = self.nodes.get(name)
+            if node is not None:
+                self._on_node(node, node)
+
+    def _on_claim(self, old: Obj | None, new: Obj | None) -> None:
+        key, before, after = self.dra.on_claim(old, new)
+        if before == after:
+            return
+        partitions = {h.node for h in (*before, *after) if h.demand.mig_profile}
+        if partitions:  # the layout of those nodes is their partitions
+            self._respec(partitions)
+        if self._dirty or self.state is None:
+            return  # held at the next rebuild
+        self._unhold(key)
+        self._hold(key, after)
+
+    def _hold(self, key: str, holds: tuple[Hold, ...]) -> None:
+        if self.state is None or self.policy is None or self._dirty:
+            return
+        placed = []
+        for h in holds:
+            row = self.state.index.get(h.node)
+            if row is None:
+                continue
+            try:
+                self.state.place(row, h.demand, (h.gpu,))
+            except (ValueError, KeyError, IndexError) as err:  # a device held twice (allocated past its allocator)
+                if not h.demand.mig_profile:  # place() refuses after taking: held once, as scoring.dramodel does
+                    self.state.gpu_left[row, h.gpu] = max(0, int(self.state.gpu_left[row, h.gpu]))
+                self.parse_errors += 1
+                log.warning("cannot account claim %s on %s %s: %s", key, h.node, h.device, err)
+                continue
+            placed.append(h)
+            self.policy.observe(row)
+        if placed:
+            self._held[key] = placed
+
+    def _unhold(self, key: str) -> None:
+        for h in self._held.pop(key, []):
+            if self.state is None or self.policy is None:
+                return
+            row = self.state.index.get(h.node)
+            if row is not None:
+                self.state.remove(row, h.demand, (h.gpu,))
+                self.policy.observe(row)
 
     def _place(self, bound: BoundPod, keep_assumed: Placement | None = None) -> None:
         if self.state is None or self.policy is None or self._dirty:

@@ -32,6 +32,7 @@ from scoring.gpus import GpuModel, MigLayoutError, MigPlacement, model_by_produc
 from scoring.kubeobjects import ObjectError, _amount, _blocks, _list, _map, node_spec
 from scoring.model import MAX_GPUS_PER_NODE, MILLI, NodeSpec
 
+DRA_API = "/apis/resource.k8s.io/v1"  # the apiserver path of the API group version (GA from Kubernetes 1.34)
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"  # the NVIDIA driver's DeviceClasses (deployments/helm/.../deviceclass-*.yaml)
 MIG_CLASS = "mig.nvidia.com"

@@ -1,0 +1,103 @@
+"""DRA nodes in the live view (scoring.draview, scoring.clusterview): fed slices and claims in any order, the view
+holds what scoring.dramodel.dra_model reads from the same objects at once (the gang controller's model), and claims
+allocated and deallocated later are applied in place."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scoring.clusterview import ClusterView
+from scoring.draclaims import DeviceResult
+from scoring.dramodel import dra_cluster, dra_model
+from scoring.fit import feasible
+from scoring.model import PodDemand
+
+from .test_dramodel import MIG, PLUGIN, WHOLE, allocated, base_of, cluster_objects
+
+SHARE_300 = DeviceResult("gpu", "gpu-1-shared", share_id="s1", consumed={"share": "300", "memory": "0"})
+SHARE_500 = DeviceResult("gpu", "gpu-1-shared", share_id="s2", consumed={"share": "500", "memory": "0"})
+
+
+def claims():
+    return [allocated("a", "dra-0000", "gpu-0", "gpu-2"),  # two whole GPUs
+            allocated("b", "dra-0000", SHARE_300),  # 300 + 500 thousandths of GPU 1
+            allocated("c", "dra-0000", SHARE_500),
+            allocated("d", "mig-0000", "gpu-0-mig-3g40gb-9-0")]  # a 3g.40gb partition of GPU 0
+
+
+def gpu_left(state):
+    return {name: tuple(int(x) for x in state.gpu_left[i, :state.gpu_count[i]]) for name, i in state.index.items()}
+
+
+def view_of(nodes, slices, claims_, order):
+    view = ClusterView("gpuaas")
+    feeds = {"Node": list(nodes.values()), "ResourceSlice": slices, "ResourceClaim": claims_}
+    for kind in order:
+        for obj in feeds[kind]:
+            view.on_change(kind, None, obj)
+    return view
+
+
+@pytest.mark.parametrize("order", [("Node", "ResourceSlice", "ResourceClaim"),
+                                   ("ResourceClaim", "ResourceSlice", "Node"),
+                                   ("ResourceSlice", "ResourceClaim", "Node")])
+def test_the_view_holds_what_dra_model_reads(order):
+    nodes, slices = cluster_objects(WHOLE, MIG, PLUGIN)
+    expected = dra_model(base_of(nodes), nodes, dra_cluster(slices, claims()), slices).state
+    state, _ = view_of(nodes, slices, claims(), order).snapshot()
+    # dra-0000: GPUs 0 and 2 held whole, GPU 1 shared 300 + 500 -> 200 left, GPU 3 free; the device-plugin node as
+    # it was; the MIG node's GPU 0 partitioned (its layout: the partition held), GPU 1 whole and free.
+    assert gpu_left(state)["dra-0000"] == (0, 200, 0, 1000)
+    assert gpu_left(state)["plugin-0000"] == (1000,) * 8
+    assert gpu_left(state) == gpu_left(expected)
+    assert state.gpu_count.tolist() == expected.gpu_count.tolist()
+    row = state.index["mig-0000"]
+    assert bool(state.mig_enabled[row, 0]) and not bool(state.mig_enabled[row, 1])
+    assert int(state.mig_free[row].sum()) == 0  # the only instance of the layout is held
+
+
+def test_claims_allocated_and_deallocated_later_are_applied_in_place():
+    nodes, slices = cluster_objects(WHOLE, PLUGIN)
+    view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
+    state, _ = view.snapshot()
+    rebuilds = view.rebuilds
+    one = allocated("a", "dra-0001", "gpu-3")
+    view.on_change("ResourceClaim", None, one)
+    view.on_change("ResourceClaim", None, allocated("b", "dra-0001", SHARE_300))
+    state, _ = view.snapshot()
+    assert view.rebuilds == rebuilds  # no rebuild for claims of whole GPUs and shares
+    assert gpu_left(state)["dra-0001"] == (1000, 700, 1000, 0)
+    pod = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=4, gpu_milli=1000)
+    assert not feasible(state, pod)[state.index["dra-0001"]]
+    freed = {**one, "status": {}}  # kube-controller-manager cleared the allocation: the device is free again
+    view.on_change("ResourceClaim", one, freed)
+    state, _ = view.snapshot()
+    assert gpu_left(state)["dra-0001"] == (1000, 700, 1000, 1000)
+    view.on_change("ResourceClaim", freed, None)
+    assert gpu_left(view.snapshot()[0])["dra-0001"] == (1000, 700, 1000, 1000)
+
+
+def test_a_device_held_twice_is_counted_not_raised_and_unpublished_devices_hold_nothing():
+    nodes, slices = cluster_objects(WHOLE)
+    view = view_of(nodes, slices, [allocated("a", "dra-0000", "gpu-0"), allocated("b", "dra-0000", "gpu-0"),
+                                   allocated("c", "dra-0000", "gpu-9"), allocated("d", "elsewhere", "gpu-0")],
+                   ("Node", "ResourceSlice", "ResourceClaim"))
+    state, _ = view.snapshot()
+    assert gpu_left(state)["dra-0000"] == (0, 1000, 1000, 1000)
+    assert view.parse_errors == 1
+
+
+def test_a_pool_not_all_published_has_no_gpus_and_gets_them_when_it_is():
+    nodes, slices = cluster_objects(WHOLE)
+    mine = [s for s in slices if s["spec"]["pool"]["name"] == "dra-0000"]
+    view = view_of(nodes, [s for s in slices if s not in mine[1:]], [], ("Node", "ResourceSlice"))
+    state, _ = view.snapshot()
+    assert state.gpu_count[state.index["dra-0000"]] == 0 and state.gpu_count[state.index["dra-0001"]] == 4
+    assert "not all published" in view.dra.errors["dra-0000"]
+    for s in mine[1:]:
+        view.on_change("ResourceSlice", None, s)
+    state, _ = view.snapshot()
+    assert state.gpu_count[state.index["dra-0000"]] == 4
+    view.on_change("ResourceSlice", mine[0], None)  # a slice withdrawn: incomplete again
+    assert view.snapshot()[0].gpu_count[view.state.index["dra-0000"]] == 0
+    assert np.all(view.snapshot()[0].gpu_left[view.state.index["dra-0001"], :4] == 1000)
