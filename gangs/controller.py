@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from urllib3.exceptions import HTTPError
+
 from runtime.events import EventRecorder, pod_ref
 from scoring.constraints import HOSTNAME_LABEL
 from scoring.fragmentation import Workload
@@ -368,6 +370,9 @@ class KubePods:
                 log.info("%s %s: %s %s", what, key, err.status, (err.body or "")[:300])
                 return False
             raise
+        except (HTTPError, OSError) as err:  # timed out or cut: a failed write (it may have landed; the next round
+            log.warning("%s %s: %s", what, key, err)  # reads what it did), not the end of the round
+            return False
 
     def _read(self, key: str) -> Obj | None:
         from kubernetes.client.rest import ApiException
@@ -380,6 +385,9 @@ class KubePods:
             if err.status == 404:
                 return None
             raise
+        except (HTTPError, OSError) as err:  # timed out or cut: nothing to act on this round
+            log.warning("read %s: %s", key, err)
+            return None
 
     def pin(self, key: str, uid: str, hostname: str, released_at: float, planned: str = "") -> bool:
         """One merge patch, no read: the uid in it makes the apiserver refuse it for another pod of that name (uid

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from urllib3.exceptions import HTTPError
+
 from scoring.dra import FINALIZER
 from scoring.draclaims import (
     ALLOCATED_FOR_ANNOTATION,
@@ -297,6 +299,9 @@ class KubeClaims:
             if err.status == 404:
                 return None
             raise
+        except (HTTPError, OSError) as err:  # timed out or cut: nothing to act on this round
+            log.warning("read %s: %s", key, err)
+            return None
 
     def _write(self, what: str, key: str, fn: Callable[[], Any]) -> Obj | None:
         from kubernetes.client.rest import ApiException
@@ -310,6 +315,9 @@ class KubeClaims:
                 log.info("%s %s: %s %s", what, key, err.status, (err.body or "")[:300])
                 return None
             raise
+        except (HTTPError, OSError) as err:  # timed out or cut: a failed write (if it landed, the informer shows
+            log.warning("%s %s: %s", what, key, err)  # the claim allocated and the next round releases onto it)
+            return None
 
     def allocate(self, key: str, uid: str, allocation: Mapping[str, Any], pod_uid: str) -> bool:
         ns, name = key.split("/", 1)

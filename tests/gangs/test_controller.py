@@ -130,3 +130,25 @@ def test_a_stuck_gang_no_one_can_create_again_waits_on_its_pins_and_is_not_reset
     assert report.reset == [] and "no member has a controller" in report.waiting["ml/g"]
     assert not [c for c in pods.calls if c[0] == "delete"]
     assert [c[1] for c in pods.calls if c[0] == "note"] == ["ml/b"]  # told once, on the member left unbound
+
+
+def test_a_write_that_times_out_is_a_failed_write_not_the_end_of_the_round():
+    """On a loaded apiserver a pin or gate removal can time out (urllib3's ReadTimeoutError, not an ApiException): it
+    counts as a failed write and the round goes on (a 200-node DRA replay lost a round of releases to one)."""
+    from kubernetes import client
+    from urllib3.exceptions import ReadTimeoutError
+
+    from gangs.controller import KubePods
+    from gangs.dra import KubeClaims
+
+    def timeout(*_args, **_kwargs):
+        raise ReadTimeoutError(None, "/api/v1/namespaces/ml/pods/p", "Read timed out. (read timeout=4)")
+
+    pods = KubePods(client.ApiClient())
+    pods.core.patch_namespaced_pod = timeout
+    pods.core.read_namespaced_pod = timeout
+    assert pods.pin("ml/p", "u", "node-1", 1.0) is False
+    assert pods.ungate("ml/p", "u") is False
+    claims = KubeClaims(client.ApiClient())
+    claims.resource.read_namespaced_resource_claim = timeout
+    assert claims.allocate("ml/c", "u", {"devices": {"results": []}}, "pod-uid") is False
