@@ -142,6 +142,8 @@ def share_mix(workload: Workload) -> dict[int, float]:
 
 # The LP is scale-free; counts per 10,000 pods keep GLOP's numbers well conditioned.
 MIX_SCALE = 10_000.0
+_SOLVED: dict[tuple[tuple[int, float], ...], ShareValues] = {}  # share mix -> its values (ShareValues.of)
+_SOLVED_MAX = 64
 
 
 class ShareValues:
@@ -159,8 +161,16 @@ class ShareValues:
 
     @staticmethod
     def of(workload: Workload) -> ShareValues:
+        """The values for `workload`'s share mix; remembered per mix (the LP is a pure function of it, and a planner
+        makes a policy per gang: the gang controller solved it over a thousand times a round)."""
         mix = share_mix(workload)
-        return ShareValues(cutting_stock({s: p * MIX_SCALE for s, p in mix.items()}).values)
+        key = tuple(sorted(mix.items()))
+        values = _SOLVED.get(key)
+        if values is None:
+            values = _SOLVED[key] = ShareValues(cutting_stock({s: p * MIX_SCALE for s, p in mix.items()}).values)
+            while len(_SOLVED) > _SOLVED_MAX:
+                _SOLVED.pop(next(iter(_SOLVED)))
+        return values
 
     def regret(self, free: ArrayLike, share: int) -> np.ndarray:
         """Thousandths of GPU lost against an optimal pattern by taking `share` from GPUs with `free` left."""

@@ -64,3 +64,17 @@ def test_share_mix_and_bad_sizes():
 def test_regret_refuses_a_share_that_does_not_fit():
     with pytest.raises(ValueError, match="does not fit"):
         ShareValues({500: 500.0}).regret([400, 600], 500)
+
+
+def test_the_values_of_a_mix_are_solved_once():
+    """A planner makes a policy per gang, and the LP is a pure function of the share mix: equal mixes share one
+    answer (the gang controller solved it over a thousand times a round), other mixes get their own."""
+    from scoring.fragmentation import Workload
+    from scoring.model import PodDemand
+    from scoring.sharevalues import ShareValues
+
+    pods = [PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=m) for m in (300, 300, 650, 1000)]
+    first = ShareValues.of(Workload.typical(pods))
+    assert ShareValues.of(Workload.typical(list(reversed(pods)))) is first
+    other = ShareValues.of(Workload.typical([*pods, PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=230)]))
+    assert other is not first and other.values != first.values
