@@ -19,6 +19,12 @@ to a group by the label `gpuaas.io/pool: <group name>`, as pool nodes do.
       cost_per_hour: 98.3
       provider: karpenter
       karpenter: {instance_type: p5.48xlarge, node_class: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: gpu}}
+    - name: l40sx4                  # nodes from Cluster API: a MachineDeployment's replicas (nodescaler/clusterapi.py)
+      template: {gpu: {model: L40S, count: 4}, cpu: "64", memory: 512Gi}
+      max_size: 20
+      cost_per_hour: 8.0
+      provider: clusterapi
+      clusterapi: {namespace: fleet, machine_deployment: gpu-l40s}
     scale_in: {utilization_threshold: 0.5, unneeded_s: 600}
 
 Loaded with runtime.config.load_config (file, then GPUAAS_NODESCALER_* environment variables).
@@ -47,7 +53,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-PROVIDERS = ("kwok", "karpenter")
+PROVIDERS = ("kwok", "karpenter", "clusterapi")
+PROVIDER_PATTERN = "^(kwok|karpenter|clusterapi)$"
 
 
 class NodeClassRef(_Strict):
@@ -86,6 +93,28 @@ class KarpenterGroupConfig(_Strict):
         return v
 
 
+# InfrastructureReady reasons that mean the instance will not come: the test infrastructure provider's
+# (gpuaas/cluster/clusterapi.py) and common ones of cloud providers.
+LAUNCH_FAILURE_REASONS = ("InsufficientCapacity", "InstanceProvisionFailed", "InstanceCreateFailed",
+                          "LaunchFailed", "Failed")
+
+
+class ClusterAPIGroupConfig(_Strict):
+    """The MachineDeployment whose nodes the group's are (nodescaler/clusterapi.py): scaled through `/scale`."""
+
+    namespace: str = Field(default="default", min_length=1, description="namespace of the MachineDeployment")
+    machine_deployment: str = Field(min_length=1, description="name of the MachineDeployment; its nodes must carry "
+                                    "the label `gpuaas.io/pool: <group name>` (kubelet's node labels in the "
+                                    "bootstrap config)")
+    launch_failure_reasons: list[str] = Field(default_factory=lambda: list(LAUNCH_FAILURE_REASONS),
+                                              description="reasons of a Machine's `InfrastructureReady` condition "
+                                              "(status False, mirrored from the infrastructure machine's `Ready`) "
+                                              "that mean its instance will not come (the v1beta2 contract has no "
+                                              "terminal failure field): the group backs off and the Machine is "
+                                              "withdrawn. Any other reason waits up to max_provision_s")
+
+
+
 class NodeGroupConfig(_Strict):
     name: str = Field(description="group name; its nodes carry the label `gpuaas.io/pool: <name>`")
     template: dict[str, Any] = Field(description="what a node of the group is: a pool of the pool spec without "
@@ -100,17 +129,22 @@ class NodeGroupConfig(_Strict):
                                    "node that was GPU-ready once and goes unready is never a failed provision (see "
                                    "scale_in.unready_drain_s)")
     cost_per_hour: float = Field(gt=0, description="price of one node; scale-out buys the cheapest set of nodes")
-    provider: str | None = Field(default=None, pattern="^(kwok|karpenter)$", description="where this group's nodes "
-                                 "come from: `kwok` (Node objects kwok plays: local clusters, demos) or `karpenter` "
-                                 "(standalone NodeClaims: Karpenter launches and registers the node); null: the "
-                                 "top-level `provider`")
+    provider: str | None = Field(default=None, pattern=PROVIDER_PATTERN, description="where this group's nodes "
+                                 "come from: `kwok` (Node objects kwok plays: local clusters, demos), `karpenter` "
+                                 "(standalone NodeClaims: Karpenter launches and registers the node) or `clusterapi` "
+                                 "(a MachineDeployment's replicas); null: the top-level `provider`")
     karpenter: KarpenterGroupConfig | None = Field(default=None, description="provider `karpenter`: the instance "
                                                    "type and node class of the NodeClaims")
+    clusterapi: ClusterAPIGroupConfig | None = Field(default=None, description="provider `clusterapi`: the "
+                                                     "MachineDeployment of the group")
 
     @model_validator(mode="after")
     def _check(self) -> NodeGroupConfig:
         if self.provider == "karpenter" and self.karpenter is None:
             raise ValueError(f"group {self.name}: provider karpenter needs a karpenter section (instance_type)")
+        if self.provider == "clusterapi" and self.clusterapi is None:
+            raise ValueError(f"group {self.name}: provider clusterapi needs a clusterapi section "
+                             "(machine_deployment)")
         if self.min_size > self.max_size:
             raise ValueError(f"group {self.name}: min_size {self.min_size} is more than max_size {self.max_size}")
         for key in ("name", "count"):
@@ -214,15 +248,34 @@ class LeaderElectionConfig(LeaseConfig):
     name: str = Field(default="gpuaas-nodescaler", description="name of the Lease")
 
 
+class ClusterAPIDiscoveryConfig(_Strict):
+    """Node groups read from annotated MachineDeployments (nodescaler/clusterapi.py `group_from_machine_deployment`)
+    instead of being typed twice."""
+
+    enabled: bool = Field(default=False, description="add a group of provider `clusterapi` for every "
+                          "MachineDeployment that carries `label` (its value is the group name) and the "
+                          "cluster-autoscaler annotations (node-group min/max size, capacity cpu, memory, gpu-count, "
+                          "gpu-type, labels, taints) plus `gpuaas.io/cost-per-hour`; read again every "
+                          "`interval_s`. A MachineDeployment without `label` is never touched")
+    label: str = Field(default="gpuaas.io/node-group", min_length=1, description="the label that opts a "
+                       "MachineDeployment in; its value names the group")
+    namespaces: list[str] = Field(default_factory=list, description="namespaces to look in; empty: all")
+    interval_s: float = Field(default=30.0, gt=0, description="seconds between reads of the MachineDeployments")
+
+
 class NodeScalerConfig(_Strict):
     interval_s: float = Field(default=10.0, gt=0, description="seconds between reconciles (a pod turning "
                               "unschedulable also triggers one)")
-    groups: list[NodeGroupConfig] = Field(min_length=1, description="the node groups, each name once")
+    groups: list[NodeGroupConfig] = Field(default_factory=list, description="the node groups, each name once "
+                                          "(at least one, unless clusterapi_discovery is enabled)")
     scale_out: ScaleOutConfig = Field(default=ScaleOutConfig(), description="adding capacity for pending pods")
     scale_in: ScaleInConfig = Field(default=ScaleInConfig(), description="removing idle nodes")
     leader_election: LeaderElectionConfig = Field(default=LeaderElectionConfig(), description="one active replica")
-    provider: str = Field(default="kwok", pattern="^(kwok|karpenter)$", description="where the nodes of groups "
-                          "that name no `provider` come from: `kwok` or `karpenter` (docs/node-autoscaling.md)")
+    provider: str = Field(default="kwok", pattern=PROVIDER_PATTERN, description="where the nodes of groups "
+                          "that name no `provider` come from: `kwok`, `karpenter` or `clusterapi` "
+                          "(docs/node-autoscaling.md)")
+    clusterapi_discovery: ClusterAPIDiscoveryConfig = Field(default=ClusterAPIDiscoveryConfig(), description="node "
+                                                            "groups from annotated Cluster API MachineDeployments")
     dry_run: bool = Field(default=False, description="decide and log, never change the cluster")
     max_watch_stale_s: float = Field(default=60.0, gt=0, description="/readyz fails once a node, pod or PDB watch "
                                      "has been broken this long (no watch open, no list, event or bookmark since), "
@@ -230,6 +283,8 @@ class NodeScalerConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> NodeScalerConfig:
+        if not self.groups and not self.clusterapi_discovery.enabled:
+            raise ValueError("groups: at least one node group (or clusterapi_discovery.enabled)")
         names = [g.name for g in self.groups]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -240,7 +295,24 @@ class NodeScalerConfig(_Strict):
             if self.provider_of(g) == "karpenter" and len(g.name) > 56:
                 raise ValueError(f"group {g.name}: longer than 56 characters (its NodeClaims are named "
                                  "<group>-<6 hex digits>, a label value of at most 63)")
+            if self.provider_of(g) == "clusterapi" and g.clusterapi is None:
+                raise ValueError(f"group {g.name}: provider clusterapi needs a clusterapi section "
+                                 "(machine_deployment)")
+        mds = [(g.clusterapi.namespace, g.clusterapi.machine_deployment) for g in self.groups if g.clusterapi]
+        twice = {f"{ns}/{md}" for ns, md in mds if mds.count((ns, md)) > 1}
+        if twice:
+            raise ValueError(f"MachineDeployments in more than one group: {', '.join(sorted(twice))}")
         return self
+
+    def with_groups(self, extra: list[NodeGroupConfig]) -> NodeScalerConfig:
+        """This config plus `extra` groups (discovered ones), validated; a configured group wins over a discovered
+        one of the same name or MachineDeployment."""
+        names = {g.name for g in self.groups}
+        mds = {(g.clusterapi.namespace, g.clusterapi.machine_deployment) for g in self.groups if g.clusterapi}
+        keep = [g for g in extra if g.name not in names and g.clusterapi is not None
+                and (g.clusterapi.namespace, g.clusterapi.machine_deployment) not in mds]
+        return type(self).model_validate({**self.model_dump(), "groups": [
+            *(g.model_dump() for g in self.groups), *(g.model_dump() for g in keep)]})
 
     def group(self, name: str) -> NodeGroupConfig | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -257,6 +329,8 @@ def load_nodescaler_config(path: Path | str | None, *, environ: dict[str, str] |
 
 __all__ = [
     "PROVIDERS",
+    "ClusterAPIDiscoveryConfig",
+    "ClusterAPIGroupConfig",
     "ConfigError",
     "KarpenterGroupConfig",
     "LeaderElectionConfig",

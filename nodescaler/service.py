@@ -35,6 +35,9 @@ BATCH_S = 0.2
 class Service:
     def __init__(self, config: NodeScalerConfig, kubeconfig: str | Path | None = None, *, identity: str | None = None):
         self.config = config
+        self.base_config = config  # without the groups discovered from MachineDeployments
+        self._discovered_at = float("-inf")
+        self._discovery_problems: set[str] = set()
         self.kubeconfig = kubeconfig
         self.api = api_client(kubeconfig)
         self.metrics = Metrics()
@@ -76,7 +79,30 @@ class Service:
 
             providers["karpenter"] = KarpenterProvider(self.api, request_timeout=self.write_timeout,
                                                        may_act=self.may_write)
-        return GroupProviders(providers, self.config.provider_of)
+        if "clusterapi" in used or self.config.clusterapi_discovery.enabled:
+            from .clusterapi import ClusterAPIProvider
+
+            providers["clusterapi"] = ClusterAPIProvider(self.api, lambda: self.config.groups,
+                                                         request_timeout=self.write_timeout, may_act=self.may_write)
+        return GroupProviders(providers, lambda g: self.config.provider_of(g))
+
+    def _discover(self, now: float) -> None:
+        """Node groups from opted-in MachineDeployments (clusterapi_discovery), read again every interval_s: the
+        configured groups plus the discovered ones become the config of the next reconciles."""
+        d = self.base_config.clusterapi_discovery
+        if not d.enabled or now - self._discovered_at < d.interval_s:
+            return
+        from .clusterapi import discover
+
+        groups, problems = discover(self.api, d.label, d.namespaces, request_timeout=self.write_timeout)
+        self._discovered_at = now
+        for p in sorted(set(problems) - self._discovery_problems):
+            log.warning("not a node group: %s", p)
+        self._discovery_problems = set(problems)
+        config = self.base_config.with_groups(groups)
+        if [g.name for g in config.groups] != [g.name for g in self.config.groups]:
+            log.info("node groups: %s", ", ".join(g.name for g in config.groups))
+        self.config = self.scaler.config = config
 
     @staticmethod
     def _no_snapshot(now: float):
@@ -122,6 +148,11 @@ class Service:
                 log.warning("not reconciling: %s", ready.text)
                 continue
             now = time.time()
+            try:
+                await asyncio.to_thread(self._discover, now)
+            except Exception as err:  # keep the groups read before; the next reconcile reads again
+                self.metrics.errors.labels("discovery").inc()
+                log.warning("discovering node groups: %s", err)
             try:
                 snap = build_snapshot(nodes.store.values(), pods.store.values(), pdbs.store.values(), now,
                                       view=self.view)

@@ -47,6 +47,9 @@ GPU_READY_SEEN_ANNOTATION = "gpuaas.io/gpu-ready-seen"
 # NodeClaim's labels on its node: at once with the KWOK cloud provider, through the kubelet's labels on AWS, at
 # registration at the latest, when it also adds the ownerReference).
 CLAIM_LABEL = "gpuaas.io/nodeclaim"
+# The Cluster API Machine a node is (set by Cluster API with the Machine's nodeRef): the clusterapi provider's requests
+# are Machines.
+MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 # The taint Karpenter puts on a node it launched until it has registered it (synced the NodeClaim's labels and taints):
 # pods do not go there yet, Ready and GPUs allocatable or not.
 UNREGISTERED_TAINT = "karpenter.sh/unregistered"
@@ -101,8 +104,9 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()
     gpu_ready_seen: float | None = None  # GPU_READY_SEEN_ANNOTATION: when gpuaas first saw it GPU-ready
     # The NodeClaim the node belongs to (CLAIM_LABEL, or its ownerReference, set by Karpenter when the node
-    # registers), or "": a grow request of the Karpenter provider is a NodeClaim, and this tells which node it became
-    # (before this is known, the node and the request would both count as capacity on its way).
+    # registers), or its Cluster API Machine (MACHINE_ANNOTATION), or "": a grow request of the Karpenter provider is a
+    # NodeClaim, of the clusterapi provider a Machine, and this tells which node it became (before this is known, the
+    # node and the request would both count as capacity on its way).
     claim: str = ""
     registering: bool = False  # carries UNREGISTERED_TAINT: Karpenter has not registered it yet
 
@@ -258,7 +262,8 @@ def node_info(node: Obj) -> NodeInfo:
         scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
         mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
         product=labels.get(PRODUCT_LABEL, ""), cpu_milli=cpu, memory_mib=mem, labels=dict(labels),
-        taints=node_taints(node), gpu_ready_seen=seen, claim=labels.get(CLAIM_LABEL) or _owner_claim(meta),
+        taints=node_taints(node), gpu_ready_seen=seen,
+        claim=labels.get(CLAIM_LABEL) or _owner_claim(meta) or ann.get(MACHINE_ANNOTATION, ""),
         registering=any(t.get("key") == UNREGISTERED_TAINT for t in spec.get("taints") or ()))
 
 
