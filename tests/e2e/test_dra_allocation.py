@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpuaas.cluster.components import gangs_process
+from gpuaas.cluster.components import extender_process, gangs_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.process import free_port
 from gpuaas.cluster.webhooks import gangs_webhook_registered, gangs_webhook_settings
@@ -401,3 +401,38 @@ def test_what_gpuaas_cannot_allocate_waits_with_its_reason(env, ns):
                                                                                       what="the reason")
     time.sleep(2)
     assert GANG_GATE in [g["name"] for g in read_pod(api, ns, "vague")["spec"]["schedulingGates"]]
+
+
+def test_the_extender_sees_dra_usage_under_its_shipped_rbac(env, ns, tmp_path):
+    """The extender (scoring/draview.py) under the ServiceAccount and RBAC deploy/bases/extender ships: ready only
+    once its ResourceSlice and ResourceClaim watches have synced (list and watch allowed), and its model holds the
+    devices gpuaas allocated: a DRA node with one of its four GPUs held by a claim has three whole GPUs free for a
+    4-GPU pod (asked of /explain), and four again once the pod and its claim's allocation are gone."""
+    cluster, gangs = env
+    api = cluster.api
+    account = cluster.service_account_kubeconfig(DEPLOY / "bases" / "extender", "gpuaas-extender")
+    ext = extender_process(tmp_path, account).start(timeout=90)  # its /readyz counts the DRA watches
+    try:
+        template(api, ns, "one", request(GPU_CLASS))
+        create_pod(api, ns, "x", template_name="one", pool="dra")
+        _, claim = allocated_by_gpuaas(api, gangs, ns, "x")
+        [r] = results(claim)
+        node = r["pool"]
+        client.CoreV1Api(api).create_namespaced_pod(ns, {  # a device-plugin pod to ask about; it never schedules
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+            "spec": {"schedulingGates": [{"name": HOLD}], "containers": [{"name": "c", "image": "busybox",
+                     "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}, _preload_content=False)
+
+        def explain() -> dict[str, Any]:
+            with urllib.request.urlopen(f"{ext.url}/explain?pod={ns}/probe&node={node}", timeout=10) as resp:
+                return json.loads(resp.read())
+
+        seen = wait_for(lambda: (e := explain()).get("fits") is False and e, timeout=30, what="the claim in the model")
+        assert "insufficient whole GPUs: 3 free, 4 requested" in seen["reason"], seen
+        delete_pod(api, ns, "x")
+        wait_for(lambda: explain().get("fits") is True, timeout=120, what="the device free again in the model")
+    finally:
+        ext.stop()
+        refused = [x for x in (tmp_path / "logs" / "gpuaas-extender.log").read_text(errors="replace").splitlines()
+                   if "forbidden" in x]
+        assert not refused, refused[:5]
