@@ -164,6 +164,51 @@ class Target(Strict):
                                 default_service_time_s=self.default_service_time_s, sync_period_s=sync_period_s)
 
 
+IDLE_QUERIES = {
+    # dcgm-exporter: one series per GPU, with the namespace and pod of the pod it is assigned to ("" when none is)
+    "gpu_util": 'avg by (namespace, pod) (avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{window}]))',
+    "engine_active": 'avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod!=""}}[{window}]))',
+}
+
+
+class IdleGpusConfig(Strict):
+    """Idle GPUs (scoring/idle.py): workloads that hold GPUs and use less than `threshold` of them over `window_s`,
+    from dcgm-exporter's series in Prometheus; exported as gauges on /metrics and as an event on the workload."""
+    enabled: bool = Field(True, description="look for idle GPUs every interval_s (the leader only)")
+    interval_s: float = Field(60.0, gt=0, description="seconds between looks")
+    window_s: float = Field(3600.0, gt=0, description="the window a workload's use is averaged over")
+    threshold: float = Field(0.05, ge=0, le=1, description="a workload using less than this share of its GPUs over "
+                             "the window is idle (GPU-weighted; per pod the larger of DCGM_FI_DEV_GPU_UTIL / 100 and "
+                             "DCGM_FI_PROF_GR_ENGINE_ACTIVE)")
+    min_age_s: float = Field(600.0, ge=0, description="pods that started less than this long ago are not judged (a "
+                             "model still loading)")
+    queries: dict[str, str] = Field(default_factory=dict, description="PromQL templates replacing gpu_util and "
+                                    "engine_active by name ({window} is the window); \"\" switches one off. Both "
+                                    "must return one series per namespace and pod")
+
+    @field_validator("queries")
+    @classmethod
+    def _queries(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - set(IDLE_QUERIES))
+        if unknown:
+            raise ValueError(f"unknown query {', '.join(unknown)}; known: {', '.join(IDLE_QUERIES)}")
+        for name, template in v.items():
+            try:
+                fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            except ValueError as exc:
+                raise ValueError(f"{name}: not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
+            if fields - {"window"}:
+                raise ValueError(f"{name}: unknown placeholder {', '.join(sorted(fields - {'window'}))}; "
+                                 "known: window")
+        if all(not v.get(n, IDLE_QUERIES[n]) for n in IDLE_QUERIES):
+            raise ValueError("switching off both queries leaves nothing to measure")
+        return v
+
+    def query(self, name: str) -> str | None:
+        template = self.queries.get(name, IDLE_QUERIES[name])
+        return template.format(window=f"{max(1, round(self.window_s))}s") if template else None
+
+
 class AutoscalerLeaderElection(LeaderElectionConfig):
     name: str = Field(default="gpuaas-autoscaler", description="name of the Lease")
 
@@ -175,6 +220,7 @@ class AutoscalerConfig(Strict):
     leader_election: AutoscalerLeaderElection = Field(AutoscalerLeaderElection(),
                                                       description="the Lease that keeps one replica acting")
     targets: list[Target] = Field(min_length=1, description="the Deployments to scale, each namespace/name once")
+    idle_gpus: IdleGpusConfig = Field(IdleGpusConfig(), description="workloads holding GPUs they do not use")
 
     @model_validator(mode="after")
     def _unique(self) -> AutoscalerConfig:

@@ -1,6 +1,7 @@
 """`gpuaas autoscaler` as a process: a Lease elector thread (runtime/leader.py) decides which replica writes; every
 replica runs the sync loop (a standby decides and writes nothing, so that a new leader starts with the memory of the
-recent load); a new leader syncs at once. /healthz, /readyz and /leader on a small HTTP server.
+recent load); a new leader syncs at once. The leader also looks for idle GPUs (autoscaler/idle.py) in a thread of its
+own. /metrics, /healthz, /readyz and /leader on a small HTTP server.
 """
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from kubernetes import client
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from runtime.events import EventRecorder
 from runtime.leader import LeaderElector, write_timeout
 
 from .config import AutoscalerConfig
 from .controller import COMPONENT, Controller, build, kube_api
+from .idle import IdleWatcher, KubeWorkloads
+from .metrics import Metrics
+from .prom import Prometheus
 
 log = logging.getLogger("gpuaas.autoscaler")
 
@@ -32,6 +40,15 @@ class AutoscalerService:
         self.controller: Controller = build(config, api=api, instance=instance, may_act=self.may_write,
                                             request_timeout=self.write_timeout)
         self.wake = threading.Event()
+        self.metrics = Metrics()
+        self.idle: IdleWatcher | None = None
+        if config.idle_gpus.enabled:
+            recorder = EventRecorder(client.CoreV1Api(api), COMPONENT, request_timeout=self.write_timeout,
+                                     may_act=self.may_write, repeat_s=config.idle_gpus.interval_s)
+            self.idle = IdleWatcher(config.idle_gpus,
+                                    Prometheus(config.prometheus.url, timeout_s=config.prometheus.timeout_s),
+                                    KubeWorkloads(api, request_timeout=self.write_timeout),
+                                    self.metrics.idle, recorder, may_act=self.is_leader)
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
@@ -61,11 +78,15 @@ class AutoscalerService:
                     code, body, ctype = 200, json.dumps(service.status()), "application/json"
                 elif path in ("/healthz", "/livez"):
                     code, body, ctype = 200, "ok", "text/plain"
+                elif path == "/metrics":
+                    service.metrics.leader.set(1 if service.is_leader() else 0)
+                    code, body, ctype = 200, generate_latest(service.metrics.registry).decode(), CONTENT_TYPE_LATEST
                 elif path == "/readyz":
                     ok = service.controller.syncs > 0
                     code, body, ctype = (200, "ok", "text/plain") if ok else (503, "no sync yet", "text/plain")
                 else:
-                    code, body, ctype = 404, f"{path} is not served (/healthz, /readyz, /leader)", "text/plain"
+                    code, body = 404, f"{path} is not served (/metrics, /healthz, /readyz, /leader)"
+                    ctype = "text/plain"
                 data = body.encode()
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
@@ -94,9 +115,17 @@ class AutoscalerService:
             self.wake.set()
 
         threading.Thread(target=wake_on_stop, daemon=True).start()
+        idle = None
+        if self.idle is not None:
+            idle = threading.Thread(target=self.idle.run, args=(stop,), name="idle-gpus", daemon=True)
+            idle.start()
         try:
             self.controller.run(stop, self.wake)
         finally:
+            if idle is not None:
+                idle.join(timeout=10)
+            if self.idle is not None and self.idle.recorder is not None:
+                self.idle.recorder.close()
             election_stop.set()
             if election is not None:
                 election.join(timeout=10)  # releases the lease: the other replica takes over at once

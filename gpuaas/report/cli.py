@@ -1,4 +1,5 @@
-"""`gpuaas report RUN_JSON [--out DIR]`: render the demo's report again from its run record."""
+"""`gpuaas report RUN_JSON [--out DIR]`: render the demo's report again from its run record.
+`gpuaas report idle --prometheus URL ...`: the workloads holding GPUs they do not use (gpuaas/report/idle.py)."""
 from __future__ import annotations
 
 import argparse
@@ -6,21 +7,28 @@ import sys
 from pathlib import Path
 
 from ..plotting import MatplotlibMissing
-from . import write_report
+from . import idle, write_report
 from .model import RunRecordError, load_run_record
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("report", help="write the HTML report (with PNG plots) of a demo run record",
-                                   description="Render the report of a `gpuaas demo` run again from its run.json: "
-                                               "report.html and its PNG plots.")
-    parser.add_argument("run_json", metavar="RUN_JSON", type=Path, help="the run.json that `gpuaas demo` wrote")
+    parser = subparsers.add_parser("report", help="the HTML report of a demo run record; `report idle`: idle GPUs",
+                                   description="`gpuaas report RUN_JSON`: render the report of a `gpuaas demo` run "
+                                               "again from its run.json (report.html and its PNG plots). "
+                                               "`gpuaas report idle --prometheus URL`: list the workloads that hold "
+                                               "GPUs but used less than a threshold of them over a window, from "
+                                               "dcgm-exporter's series (docs/autoscaling.md, Idle GPUs).")
+    parser.add_argument("run_json", metavar="RUN_JSON|idle", type=Path,
+                        help="the run.json that `gpuaas demo` wrote, or `idle`")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="directory for report.html and its plots (default: beside RUN_JSON)")
+    idle.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.run_json) == "idle":
+        return idle.run(args)
     try:
         record = load_run_record(args.run_json)
     except RunRecordError as err:

@@ -133,6 +133,29 @@ def final_section(record: RunRecord) -> Html:
     return Html(out)
 
 
+def idle_section(record: RunRecord) -> Html:
+    runs = [run for run in record.ordered_runs() if run.idle is not None]
+    if not runs:
+        return Html("")
+    out = "<h2>Idle GPUs</h2>\n"
+    for run in runs:
+        idle = run.idle
+        assert idle is not None
+        out += (f"<h3>{_text(run.scheduler)}: {len(idle.workloads)} workload(s) below "
+                f"{100 * idle.threshold:g}% use over the last {idle.window_s:g} s</h3>\n")
+        if idle.error:
+            out += f"<p class=warn>{_text(idle.error)}</p>\n"
+        if idle.workloads:
+            out += _table(["workload", "GPUs", "use", "GPU-hours held idle", "pods"],
+                          ([f"{w.namespace}/{w.kind}/{w.name}", f"{w.gpus:g}", f"{100 * w.utilization:.1f}%",
+                            f"{w.gpu_hours:.3f}", ", ".join(w.pods)] for w in idle.workloads), numeric_from=1)
+        out += (f"<p class=note>Busy ({len(idle.busy)}): {_text(', '.join(idle.busy) or 'none')}. Without a "
+                f"dcgm-exporter series ({len(idle.unmeasured)}): {_text(', '.join(idle.unmeasured) or 'none')}. "
+                "Use: per pod the larger of DCGM_FI_DEV_GPU_UTIL / 100 and DCGM_FI_PROF_GR_ENGINE_ACTIVE over the "
+                "window, GPU-weighted per workload; times are wall-clock.</p>\n")
+    return Html(out)
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
@@ -175,6 +198,6 @@ def header_section(record: RunRecord) -> Html:
 
 def render_html(record: RunRecord, plots: list[Plot]) -> str:
     body = (header_section(record) + summary_section(record) + plots_section(plots) + final_section(record)
-            + events_section(record))
+            + idle_section(record) + events_section(record))
     return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n<title>gpuaas demo report</title>\n"
             f"<style>{STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n")

@@ -159,12 +159,34 @@ class Summary(_Record):
     whole_nodes_free_at_end: Count | None = None
 
 
+class IdleWorkload(_Record):
+    """A workload that held GPUs and used them less than the threshold over the window (scoring/idle.py)."""
+    namespace: str
+    kind: str
+    name: str
+    gpus: GPUs
+    utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    gpu_hours: Seconds  # GPU-hours held idle over the window
+    pods: list[str] = Field(default_factory=list)
+
+
+class IdleSection(_Record):
+    """`gpuaas report idle` at the end of the run, against the run's Prometheus (the simulated dcgm-exporter)."""
+    threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    window_s: Seconds
+    workloads: list[IdleWorkload] = Field(default_factory=list)
+    busy: list[str] = Field(default_factory=list)  # judged and not idle: namespace/kind/name
+    unmeasured: list[str] = Field(default_factory=list)  # pods holding GPUs without a sample
+    error: str | None = None  # why there is no answer
+
+
 class Run(_Record):
     scheduler: Literal["gpuaas", "default"]
     samples: list[Sample] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
     final: Final | None = None  # None when the run ended before the final state could be read
     summary: Summary | None = None
+    idle: IdleSection | None = None
 
     @model_validator(mode="after")
     def _time_ordered(self) -> Run:

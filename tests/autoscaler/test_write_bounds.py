@@ -43,6 +43,19 @@ def test_every_call_of_the_autoscaler_carries_the_request_timeout():
     assert observed.replicas == 2
 
 
+def test_every_read_of_the_idle_gpu_look_carries_the_request_timeout():
+    from autoscaler.idle import KubeWorkloads
+
+    workloads = KubeWorkloads.__new__(KubeWorkloads)
+    workloads.core, workloads.apps, workloads.batch = Recorder(), Recorder(), Recorder()
+    workloads.namespace, workloads.timeout = None, 4.0
+    workloads.core.api_client = SimpleNamespace(sanitize_for_serialization=lambda o: o)
+    workloads.read()
+    calls = workloads.core.calls
+    assert [name for name, _ in calls] == ["list_pod_for_all_namespaces"]
+    assert all(kwargs.get("_request_timeout") == 4.0 for _, kwargs in calls), calls
+
+
 def test_the_autoscaler_writes_only_while_the_lease_holds_for_a_whole_request_timeout(monkeypatch):
     import autoscaler.service as service_module
 
@@ -61,7 +74,8 @@ def test_the_autoscaler_writes_only_while_the_lease_holds_for_a_whole_request_ti
     monkeypatch.setattr(service_module, "kube_api", lambda kubeconfig: object())
     monkeypatch.setattr(service_module.LeaderElector, "from_config", classmethod(lambda cls, *a, **k: Elector()))
     monkeypatch.setattr(service_module, "build", lambda config, **kwargs: built.update(kwargs) or SimpleNamespace())
-    config = SimpleNamespace(leader_election=SimpleNamespace(enabled=True, renew_deadline_s=10.0, retry_period_s=2.0))
+    config = SimpleNamespace(leader_election=SimpleNamespace(enabled=True, renew_deadline_s=10.0, retry_period_s=2.0),
+                             idle_gpus=SimpleNamespace(enabled=False))
     AutoscalerService(config)
     assert built["request_timeout"] == 4.0
     may_act = built["may_act"]

@@ -7,7 +7,8 @@ produces (one target per container port, as the Prometheus documentation describ
 is Prometheus's own doing. Pod IPs are loopback addresses, so the scrapes that follow stay on this machine.
 
 Dashboard: every series a panel reads is one our components export (or, for vLLM's, one the autoscaler reads), every
-metric the extender and the nodescaler export is on a panel, and every expression parses (promtool).
+metric the extender, the nodescaler, the gang controller and the autoscaler export is on a panel, and every expression
+parses (promtool).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import pytest
 import yaml
 
 from autoscaler.config import DEFAULT_QUERIES, MetricsApiConfig
+from autoscaler.metrics import Metrics as AutoscalerMetrics
 from extender.metrics import Metrics as ExtenderMetrics
 from gangs.metrics import Metrics as GangsMetrics
 from gangs.webhook import webhook_app
@@ -91,6 +93,7 @@ def targets(tmp_path_factory):
     extender = named(everything, "Deployment", "gpuaas-extender")
     nodescaler = named(everything, "Deployment", "gpuaas-nodescaler")
     gangs = named(everything, "Deployment", "gpuaas-gangs")
+    autoscaler = named(everything, "Deployment", "gpuaas-autoscaler")
     scrape = {"gpuaas.io/scrape": "true"}
     pods = [
         pod_of(extender, "gpuaas-extender-a", "127.0.0.2"),
@@ -99,6 +102,8 @@ def targets(tmp_path_factory):
         pod_of(nodescaler, "gpuaas-nodescaler-c", "127.0.0.5", phase="Pending"),
         pod_of(gangs, "gpuaas-gangs-a", "127.0.0.12"),
         pod_of(gangs, "gpuaas-gangs-b", "127.0.0.13"),
+        pod_of(autoscaler, "gpuaas-autoscaler-a", "127.0.0.14"),
+        pod_of(autoscaler, "gpuaas-autoscaler-b", "127.0.0.15", phase="Pending"),
         inference_pod("llm-a", "inference", "127.0.0.6", {**scrape, "gpuaas.io/metrics-port": "8000"}),
         inference_pod("llm-b", "team-b", "127.0.0.7", {**scrape, "gpuaas.io/metrics-port": "8001",
                                                        "gpuaas.io/metrics-path": "/stats"}),
@@ -130,7 +135,7 @@ def targets(tmp_path_factory):
                 return json.load(resp)["data"]["activeTargets"]
         deadline = time.monotonic() + 30
         found = active()
-        while len(found) < 7 and time.monotonic() < deadline:
+        while len(found) < 8 and time.monotonic() < deadline:
             time.sleep(0.2)
             found = active()
         by_job: dict[str, list] = {}
@@ -161,11 +166,17 @@ def test_gangs_job_scrapes_every_gang_controller_replica_on_its_metrics_port(tar
         (NAMESPACE, "gpuaas-gangs-b", "http://127.0.0.13:8091/metrics")]
 
 
+def test_autoscaler_job_scrapes_every_running_replica_on_its_metrics_port(targets):
+    assert summary(targets["gpuaas-autoscaler"]) == [
+        (NAMESPACE, "gpuaas-autoscaler-a", "http://127.0.0.14:8091/metrics")]
+
+
 def test_inference_job_scrapes_opted_in_running_pods_at_their_port_and_path(targets):
     assert summary(targets["gpuaas-inference"]) == [
         ("inference", "llm-a", "http://127.0.0.6:8000/metrics"),
         ("team-b", "llm-b", "http://127.0.0.7:8001/stats")]
-    assert set(targets) == {"gpuaas-extender", "gpuaas-nodescaler", "gpuaas-gangs", "gpuaas-inference"}
+    assert set(targets) == {"gpuaas-extender", "gpuaas-nodescaler", "gpuaas-gangs", "gpuaas-autoscaler",
+                            "gpuaas-inference"}
 
 
 # ---- the dashboard ----------------------------------------------------------------------------------------------
@@ -205,13 +216,14 @@ def gateway_and_vllm_series() -> set[str]:
 def test_every_dashboard_series_is_one_gpuaas_exports_or_reads():
     gangs = GangsMetrics()
     webhook_app(gangs.registry)  # the webhook's metrics go on the controller's registry, as gangs/service.py does
-    ours = exported(ExtenderMetrics().registry) | exported(NodescalerMetrics().registry) | exported(gangs.registry)
+    ours = exported(ExtenderMetrics().registry) | exported(NodescalerMetrics().registry) | \
+        exported(gangs.registry) | exported(AutoscalerMetrics().registry)
     read_by_autoscaling = set(SERIES.findall(" ".join(DEFAULT_QUERIES.values()))) | {
         m.series for m in MetricsApiConfig().metrics}
     known = ours | (gateway_and_vllm_series() & (read_by_autoscaling | {"vllm:num_requests_running"}))
     used = {s for e in expressions() for s in SERIES.findall(e)}
     assert used - known == set()
-    # ... and the extender's, the nodescaler's and the gang controller's own metrics are all on it.
+    # ... and the extender's, the nodescaler's, the gang controller's and the autoscaler's own metrics are all on it.
     families = {re.sub(r"_(bucket|count|sum|total)$", "", s) for s in ours}
     assert families - {re.sub(r"_(bucket|count|sum|total)$", "", s) for s in used} == set()
 
