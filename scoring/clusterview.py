@@ -269,6 +269,11 @@ class ClusterView:
 
     def _on_claim(self, old: Obj | None, new: Obj | None) -> None:
         key, before, after = self.dra.on_claim(old, new)
+        if new is not None and old is None:  # what its pod asks: the learned workload (the pod reads as CPU only)
+            shape = self.dra.pod_shape(new, self.recent)
+            if shape is not None:
+                self.recent[shape[0]] = shape[1]
+                self._new_arrivals += 1
         if before == after:
             return
         partitions = {h.node for h in (*before, *after) if h.demand.mig_profile}

@@ -32,6 +32,7 @@ from scoring.dra import (
     dra_node_spec,
     pool_slices,
 )
+from scoring.draclaims import claim_demand, combined_demand
 from scoring.dramodel import is_dra_node
 from scoring.gpus import UnknownGpuModelError
 from scoring.kubeobjects import ObjectError
@@ -99,6 +100,24 @@ class DraView:
         self.claims[key] = new
         self.holds[key] = self._read_holds(new)
         return key, before, self.holds[key]
+
+    @staticmethod
+    def pod_shape(claim: Obj, learned: Mapping[str, PodDemand]) -> tuple[str, PodDemand] | None:
+        """For a claim generated for a pod (its owner) whose shape `learned` holds without GPUs (the pod reads as CPU
+        and memory only): (pod key, that shape with the GPUs the claim asks), for the learned workload. None for a
+        claim of no pod, of a pod not learned or learned with GPUs, or one gpuaas does not read."""
+        meta = claim.get("metadata") or {}
+        owner = next((o.get("name") for o in meta.get("ownerReferences") or () if o.get("kind") == "Pod"), None)
+        key = f"{meta.get('namespace', '')}/{owner}"
+        base = learned.get(key) if owner else None
+        if base is None or base.gpus:
+            return None
+        where = f"ResourceClaim {claim_key(claim)}"
+        try:
+            demand = claim_demand(claim.get("spec") or {}, where)
+            return None if demand is None else (key, combined_demand(base, [demand], where))
+        except (ObjectError, ValueError):
+            return None
 
     # ---- reading ---------------------------------------------------------------------------------------------------
     def _group(self, pool: str) -> list[Obj]:

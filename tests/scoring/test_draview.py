@@ -101,3 +101,22 @@ def test_a_pool_not_all_published_has_no_gpus_and_gets_them_when_it_is():
     view.on_change("ResourceSlice", mine[0], None)  # a slice withdrawn: incomplete again
     assert view.snapshot()[0].gpu_count[view.state.index["dra-0000"]] == 0
     assert np.all(view.snapshot()[0].gpu_left[view.state.index["dra-0001"], :4] == 1000)
+
+
+def test_a_pod_s_claim_teaches_the_workload_what_the_pod_asks():
+    """A pod asking through a claim reads as CPU and memory only; its generated claim (owner: the pod) gives the
+    learned workload its GPUs, allocated or not, so FGD-style scores weigh DRA pods as the GPU pods they are."""
+    nodes, slices = cluster_objects(WHOLE)
+    view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
+           "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "quarter"}]}, "status": {}}
+    view.on_change("Pod", None, pod)
+    assert view.recent["ml/p"].gpus == 0
+    claim = {"metadata": {"name": "p-gpu", "namespace": "ml", "ownerReferences": [{"kind": "Pod", "name": "p"}]},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "gpu-share.gpuaas.io", "capacity": {"requests": {"share": "250"}}}}]}},
+             "status": {}}
+    view.on_change("ResourceClaim", None, claim)
+    assert (view.recent["ml/p"].gpus, view.recent["ml/p"].gpu_milli, view.recent["ml/p"].cpu_milli) == (1, 250, 4000)
+    assert any(s.gpu_milli == 250 for s in view.workload().shapes)
