@@ -13,6 +13,7 @@ A pool spec is YAML:
         mig: all-1g.10gb         # optional; a MIG-manager config name, or a per-GPU layout {1g.10gb: 7}
         migGPUs: 8               # optional; how many of the GPUs have MIG enabled (default: all when mig is set)
         replicas: 4              # optional; time-slicing: each GPU without MIG is 4 nvidia.com/gpu devices (default 1)
+        shares: false            # optional; a sharing device plugin serves gpuaas.io/gpu-share (GPU shares go here)
         topology: {nvlinkDomain: 8, numaNode: 4}   # GPUs per NVLink domain and per NUMA node
       cpu: "96"
       memory: 1Ti
@@ -31,7 +32,9 @@ the GPU model is refused with a message naming the field. The nodes carry what G
 device plugin (MIG strategy `mixed`) publish on a real node; with `replicas: R` > 1, what they publish when the device
 plugin's sharing config time-slices `nvidia.com/gpu` into R replicas: `nvidia.com/gpu.replicas: R`,
 `nvidia.com/gpu.sharing-strategy: time-slicing`, the product label with `-SHARED` appended, and R `nvidia.com/gpu`
-devices per GPU without MIG (scoring/model.py, "Time-slicing").
+devices per GPU without MIG (scoring/model.py, "Time-slicing"). With `shares: true` the nodes advertise
+`gpuaas.io/gpu-share` (1000 per GPU without MIG), as a sharing device plugin serving gpuaas's shares would: only such
+nodes take GPU-share pods (scoring/model.py, "Shares").
 
 The Node objects rendered here are provider-neutral: no provider ID and nothing a node provider needs to play or
 create them. Who creates nodes adds its own: `nodescaler.provider.kwok_node` turns them into nodes kwok plays (the
@@ -59,9 +62,11 @@ from scoring.kubeobjects import (
     POOL_LABEL,
     PRODUCT_LABEL,
     REPLICAS_LABEL,
+    SHARE_RESOURCE,
     SHARING_STRATEGY_LABEL,
     TOPOLOGY_ANNOTATION,
 )
+from scoring.model import MILLI
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -106,6 +111,10 @@ class GpuSpec(_Strict):
                           "devices, one replica (1/replicas of the GPU) each, with the labels GPU feature discovery "
                           "writes (`nvidia.com/gpu.replicas`, `-SHARED` on `nvidia.com/gpu.product`); 1: exclusive "
                           "GPUs")
+    shares: bool = Field(default=False, description="a sharing device plugin on the node serves `gpuaas.io/gpu-share` "
+                         "(advertised as 1000 per GPU without MIG) and honours the GPU gpuaas records in "
+                         "`gpuaas.io/devices`: GPU shares may go there. Without it no share is placed on the node "
+                         "(the kubelet would start the pod without a GPU; docs/devices.md)")
 
     @field_validator("model")
     @classmethod
@@ -129,6 +138,11 @@ class GpuSpec(_Strict):
             raise ValueError(f"migGPUs {self.mig_gpus} is more than the node's {self.count} GPUs")
         if self.mig is None and self.mig_gpus:
             raise ValueError("migGPUs is set but mig (the layout) is not")
+        if self.shares and self.replicas > 1:
+            raise ValueError(f"shares and replicas {self.replicas}: a time-slicing device plugin hands out replicas of "
+                             "nvidia.com/gpu only; ask for nvidia.com/gpu: 1 for a replica")
+        if self.shares and self.mig_enabled_gpus == self.count:
+            raise ValueError("shares is set but every GPU has MIG enabled: shares go on GPUs without MIG")
         for size, what in ((self.topology.nvlink_domain, "nvlinkDomain"), (self.topology.numa_node, "numaNode")):
             if size is not None and self.count % size:
                 raise ValueError(f"topology.{what} {size} does not divide the node's {self.count} GPUs")
@@ -203,6 +217,9 @@ class Pool(_Strict):
     def _dra_pool(self) -> Pool:
         if self.dra and self.gpu is None:
             raise ValueError("dra is set on a pool without GPUs")
+        if self.dra and self.gpu is not None and self.gpu.shares:
+            raise ValueError("gpu.shares is a sharing device plugin's; a dra pool shares GPUs through claims of class "
+                             "gpu-share.gpuaas.io")
         if self.dra and self.autoscale is not None:
             raise ValueError("dra pools cannot autoscale yet (the node scaler does not publish ResourceSlices)")
         return self
@@ -331,6 +348,8 @@ def node_objects(pool: Pool) -> list[dict[str, Any]]:
             labels[DRA_LABEL] = "true"
         else:
             resources[GPU_RESOURCE] = str((g.count - mig_gpus) * g.replicas)
+            if g.shares:  # what a sharing device plugin serving gpuaas.io/gpu-share advertises: thousandths per GPU
+                resources[SHARE_RESOURCE] = str((g.count - mig_gpus) * MILLI)
         for profile, per_gpu in ({} if pool.dra else g.mig_counts()).items():
             resource = model.mig_profile(profile).resource_name
             resources[resource] = str(per_gpu * mig_gpus)
@@ -365,10 +384,11 @@ def pools_from_node_specs(specs: list, prefix: str = "n", *, dra: bool = False) 
     true` (their GPUs published as ResourceSlices)."""
     groups: dict[tuple, int] = {}
     for s in specs:
-        key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib, s.gpu_replicas if s.gpus else 1)
+        key = (s.gpu_model if s.gpus else "", s.gpus, s.cpu_milli, s.memory_mib, s.gpu_replicas if s.gpus else 1,
+               s.gpu_shares and s.gpus > 0 and s.gpu_replicas == 1)
         groups[key] = groups.get(key, 0) + 1
     pools = []
-    for i, ((model, per_node, cpu, mem, replicas), count) in enumerate(groups.items()):
+    for i, ((model, per_node, cpu, mem, replicas, shares), count) in enumerate(groups.items()):
         name = f"{prefix}{i}-{model.lower().replace('_', '-')}x{per_node}" if per_node else f"{prefix}{i}-cpu"
         pool: dict[str, Any] = {"name": re.sub(r"[^a-z0-9-]", "-", name)[:40].strip("-"), "count": count,
                                 "cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": 1000}
@@ -376,5 +396,7 @@ def pools_from_node_specs(specs: list, prefix: str = "n", *, dra: bool = False) 
             pool["gpu"] = {"model": model, "count": per_node, **({"replicas": replicas} if replicas > 1 else {})}
             if dra:
                 pool["dra"] = True
+            if shares and not pool.get("dra"):  # the model's nodes give shares (NodeSpec.gpu_shares): a sharing
+                pool["gpu"]["shares"] = True    # device plugin (a DRA pool shares through claims)
         pools.append(pool)
     return parse_pool_spec({"pools": pools})

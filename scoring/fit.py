@@ -9,9 +9,16 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from scoring.dra import SHARE_CLASS
 from scoring.kubeobjects import GPU_RESOURCE, REPLICAS_LABEL, SHARE_RESOURCE
 from scoring.model import MILLI, ClusterState, PodDemand
 from scoring.rowwise import any_per_row, count_per_row
+
+# What a pod asking gpuaas.io/gpu-share hears from a node whose device plugins give no such share (structural).
+NO_SHARE_PLUGIN = (f"node cannot give a {SHARE_RESOURCE} share: no device plugin on it advertises {SHARE_RESOURCE}, so "
+                   f"the kubelet would start the pod without a GPU (the NVIDIA device plugin hands out whole GPUs and "
+                   f"MIG instances only); ask for {GPU_RESOURCE}: 1, or for a share through a ResourceClaim of class "
+                   f"{SHARE_CLASS} on a DRA node (docs/devices.md)")
 
 # -- the rules, as bool[N] over every node -----------------------------------------------------------------------------
 
@@ -26,8 +33,8 @@ def memory_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
 def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     """Free devices of the kind the pod asks (a free MIG instance of its profile, a GPU with its share free, or that
     many nvidia.com/gpu devices: wholly free GPUs, or free replicas on a time-sliced node), whatever the GPU model.
-    A GPU share gpuaas accounts never fits a time-sliced node (see `shares_refused`). Only for pods that ask for
-    GPUs."""
+    A GPU share gpuaas accounts fits only the nodes that can give one (`ClusterState.share_nodes`: not time-sliced,
+    and a device plugin advertising gpuaas.io/gpu-share; see `shares_refused`). Only for pods that ask for GPUs."""
     if pod.mig_profile:
         col = state.mig_pos.get(pod.mig_profile)
         if col is None:  # no GPU of the cluster has that profile
@@ -35,7 +42,7 @@ def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
         return any_per_row(state.mig_free[:, :, col] > 0)
     if not pod.takes_replicas:
         fits = any_per_row(state.gpu_left >= pod.gpu_milli)
-        return fits & ~state.time_sliced if state.any_time_sliced else fits
+        return fits if state.all_share_nodes else fits & state.share_nodes
     if state.any_time_sliced:
         return state.free_replicas() >= pod.gpus
     return count_per_row(state.gpu_left == MILLI) >= pod.gpus
@@ -43,7 +50,8 @@ def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
 
 def shares_refused(pod: PodDemand) -> bool:
     """The pod asks for a GPU share gpuaas accounts (`gpuaas.io/gpu-share`, or a trace's fractional pod), which a
-    time-sliced node cannot give: its device plugin hands out whole replicas of nvidia.com/gpu and nothing else."""
+    time-sliced node cannot give (its device plugin hands out whole replicas of nvidia.com/gpu and nothing else), nor
+    a node whose device plugins do not advertise gpuaas.io/gpu-share (the kubelet would start the pod without a GPU)."""
     return bool(pod.gpus) and not pod.mig_profile and not pod.takes_replicas
 
 
@@ -84,6 +92,8 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
                 mark(sliced & (replicas == r), f"node time-slices its GPUs ({REPLICAS_LABEL}={r}): its device plugin "
                      f"hands out replicas of {GPU_RESOURCE} only, not a {SHARE_RESOURCE} share; ask for "
                      f"{GPU_RESOURCE}: 1 for one replica (1/{r} of a GPU)")
+        if not state.all_share_nodes and shares_refused(pod):
+            mark(~state.share_nodes[rows] & ~state.time_sliced[rows], NO_SHARE_PLUGIN)
         allowed = state.model_allowed(pod)[rows]
         for m, gm in enumerate(state.models if pod.allowed_models or pod.mig_profile else ()):
             on_model = model == m

@@ -131,6 +131,14 @@ class FragmentationIndex:
                 whole = self.milli == MILLI
                 self.count[sliced] = np.where(whole[None, :], free[:, None], 0)
                 self.usable[sliced] = np.where(whole[None, :], (free * self.state.replica_milli[sliced])[:, None], 0)
+        if not self.state.all_share_nodes:
+            # A share shape runs on no node without a sharing device plugin (scoring.fit): no GPU there has room for
+            # it. (Time-sliced rows are done above.)
+            plain = rows[~self.state.share_nodes[rows] & ~self.state.time_sliced[rows]]
+            if plain.size:
+                share = np.flatnonzero(self.milli < MILLI)
+                self.count[plain[:, None], share[None, :]] = 0
+                self.usable[plain[:, None], share[None, :]] = 0
         self.frag[rows] = self._frag(self.idle[rows], self.count[rows], self.usable[rows],
                                      self.state.cpu_left[rows], self.acc[rows])
 

@@ -13,6 +13,9 @@ Node
   allocatable  nvidia.com/gpu           whole GPUs not in MIG mode (mixed strategy), times their replicas
                nvidia.com/mig-<profile> MIG instances; the MIG-enabled GPUs are gpu.count minus whole GPUs, and the
                                         instances are spread over them as the MIG manager lays them out
+               gpuaas.io/gpu-share      > 0: a sharing device plugin on the node serves gpuaas.io/gpu-share (and
+                                        honours gpuaas.io/devices); without it no GPU share fits the node, as the
+                                        kubelet would start such a pod without a GPU (scoring.model, "Shares")
   annotation   gpuaas.io/gpu-topology   {"nvlinkDomains": [[0,1,2,3],...], "numaNodes": [[...],...]}
 
 Pod (requests of all containers, init containers as kube-scheduler counts them)
@@ -20,7 +23,10 @@ Pod (requests of all containers, init containers as kube-scheduler counts them)
   nvidia.com/mig-<profile>: 1    one MIG instance
   gpuaas.io/gpu-share: m         m thousandths of one GPU (a shared GPU; an extended resource only gpuaas accounts)
   annotation gpuaas.io/gpu-models: "A100-80GB,H100-80GB"   GPU models the pod accepts (names or product labels)
-  annotation gpuaas.io/devices: "0,1"   GPU indices gpuaas assigned at bind (for MIG: the GPU holding the instance)
+  annotation gpuaas.io/devices: "0,1"   GPU indices gpuaas assigned at bind (for MIG: the GPU holding the instance);
+                                        a fact only where the node honours it (a share on a share-capable node),
+                                        the GPUs gpuaas expects where the NVIDIA device plugin picks (scoring.model,
+                                        "Device indices")
 
 Quantities are read as Kubernetes reads them (resource.ParseQuantity's grammar; see _read_quantity), requests and
 allocatable must not be negative, and a value of the wrong JSON type is an ObjectError naming the field: nothing a
@@ -305,9 +311,11 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
             resolve_mig_layout(model, dict(layout))
         except MigLayoutError as err:
             raise ObjectError(f"{where}: its allocatable MIG instances do not fit its GPUs: {err}") from None
+    shares = _int(alloc.get(SHARE_RESOURCE, 0), f"{where}: allocatable {SHARE_RESOURCE}") > 0
     return NodeSpec(name, cpu, mem, gpus=gpus, gpu_model=model.name,
                     gpu_blocks=_blocks(_map(meta.get("annotations"), f"{where}: metadata.annotations"), gpus, where),
-                    mig_layouts=layouts, node_group=pool, gpu_replicas=replicas if gpus > mig_gpus else 1)
+                    mig_layouts=layouts, node_group=pool, gpu_replicas=replicas if gpus > mig_gpus else 1,
+                    gpu_shares=shares)
 
 
 def gpu_replicas(labels: Mapping[str, Any], where: str) -> int:

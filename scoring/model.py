@@ -22,6 +22,20 @@ nothing else, so the replicas are the only shares such a node can give (scoring.
 with MIG-enabled and time-sliced GPUs (mixed strategy) stay whole instances: `nvidia.com/gpu.replicas` counts the
 `nvidia.com/gpu` devices only. With R not dividing 1000 (3, 6, 7, ...) a full GPU keeps the rest (1000 - R x 1000//R
 thousandths) idle and unusable.
+
+Shares. A GPU share (`gpuaas.io/gpu-share`, `PodDemand.is_share` or `whole_share`) is an extended resource only gpuaas
+accounts: on a real node it reaches a GPU only through a device plugin that advertises `gpuaas.io/gpu-share` (the
+kubelet drops the request for an extended resource its node does not advertise and starts the pod without it).
+`NodeSpec.gpu_shares` says whether the node has one; `ClusterState.share_nodes` is the nodes a share fits at all
+(share-capable and not time-sliced), and the fit rules, the fragmentation measure and the planners refuse shares
+elsewhere. Nodes built by hand or from a trace can (the simulation models a cluster that shares GPUs, as FGD's does).
+
+Device indices. Which GPU index a pod holds is a fact only where something on the node enforces gpuaas's choice (a
+share-capable plugin reading `gpuaas.io/devices`, DRA allocations). With the NVIDIA device plugin the kubelet and the
+plugin pick the devices of `nvidia.com/gpu` and `nvidia.com/mig-<profile>` pods themselves: there the per-GPU columns
+are the model's bookkeeping, and every fit rule reads them as per-node counts only (free whole GPUs, free replicas,
+free instances per profile), which are right whichever devices the plugin picked. Scores that look at single GPUs
+(fragmentation, NVLink blocks) are preferences on that bookkeeping, not facts (docs/devices.md, "What is enforced").
 """
 from __future__ import annotations
 
@@ -55,6 +69,10 @@ class NodeSpec:
     # Time-slicing replicas per GPU (`nvidia.com/gpu.replicas`): each nvidia.com/gpu device of the node is one replica,
     # MILLI // gpu_replicas thousandths of a GPU; 1 = exclusive GPUs (see the module docstring).
     gpu_replicas: int = 1
+    # Whether the node can give a GPU share gpuaas accounts (`gpuaas.io/gpu-share`): in a cluster, whether a device
+    # plugin on it advertises that resource (scoring.kubeobjects.node_spec; without one the kubelet starts such a pod
+    # with no GPU); in simulation every node can (see the module docstring, "Shares").
+    gpu_shares: bool = True
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.gpus > MAX_GPUS_PER_NODE:
@@ -134,6 +152,7 @@ class ClusterState:
       replicas                               int64[N]   time-slicing replicas per GPU (1 = exclusive GPUs)
       replica_milli                          int64[N]   thousandths one nvidia.com/gpu device takes (MILLI // replicas)
       time_sliced                            bool[N]    replicas > 1
+      share_nodes                            bool[N]    a GPU share (gpuaas.io/gpu-share) can be given there
       model_idx                              int64[N]   index into `models` (-1 for CPU nodes)
       gpu_left                               int64[N,G] thousandths free per GPU (0 for padding and MIG GPUs)
       gpu_exists                             bool[N,G]
@@ -171,6 +190,9 @@ class ClusterState:
         self.replica_milli = MILLI // self.replicas
         self.time_sliced = self.replicas > 1
         self.any_time_sliced = bool(self.time_sliced.any())  # most clusters have none: the rules skip the work
+        # Nodes a GPU share fits at all: a device plugin there gives shares, and it does not time-slice (see "Shares").
+        self.share_nodes = np.array([x.gpu_shares for x in self.nodes], dtype=bool) & ~self.time_sliced
+        self.all_share_nodes = bool(self.share_nodes.all())  # simulations: every node; the rules skip the work
         self.model_idx = np.array(
             [self.model_pos[get_model(x.gpu_model).name] if x.gpus else -1 for x in self.nodes], dtype=np.int64)
         self.gpu_exists = np.arange(g)[None, :] < self.gpu_count[:, None]

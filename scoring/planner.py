@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from ortools.sat.python import cp_model
 
-from scoring.fit import feasible
+from scoring.fit import feasible, shares_refused
 from scoring.fragmentation import Workload
 from scoring.gpus import GpuModel, get_model, resolve_mig_layout
 from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand, default_blocks
@@ -78,6 +78,7 @@ class _Bin:
     group: str = ""  # node group for new nodes
     cost: float = 0.0
     replicas: int = 1  # time-slicing replicas per GPU (scoring.model): its nvidia.com/gpu devices are replicas
+    shares: bool = True  # a GPU share can be given here (scoring.model, "Shares": ClusterState.share_nodes)
 
     def free_replicas(self) -> int:
         """The nvidia.com/gpu devices free on a time-sliced bin (its device plugin picks which GPUs they are on)."""
@@ -108,6 +109,8 @@ def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_p
             elif pod.gpus and bn.replicas > 1:  # replicas, counted per node (scoring.fit); no GPU share fits
                 if not pod.takes_replicas or bn.free_replicas() < pod.gpus:
                     continue
+            elif pod.gpus and not bn.shares and shares_refused(pod):  # no sharing device plugin (scoring.fit)
+                continue
             elif pod.gpus:
                 ok_gpus = [g for g, left in enumerate(bn.gpu_left) if left >= pod.gpu_milli]
                 if len(ok_gpus) < pod.gpus:
@@ -154,7 +157,8 @@ def _bins_from_state(state: ClusterState, nodes: Sequence[int]) -> list[_Bin]:
                     if state.mig_free[n, :, c].sum() > 0}
         out.append(_Bin(int(state.cpu_left[n]), int(state.mem_left[n]), [int(v) for v in state.gpu_left[n, :k]],
                         state.model_names[state.model_idx[n]] if k else "", [int(v) for v in state.block[n, :k]],
-                        mig_free, node=int(n), replicas=int(state.replicas[n])))
+                        mig_free, node=int(n), replicas=int(state.replicas[n]),
+                        shares=bool(state.share_nodes[n])))
     return out
 
 
@@ -476,7 +480,7 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
         for _ in range(cap):
             gpu_left = [0 if (t.mig_layouts and t.mig_layouts[g]) else MILLI for g in range(t.gpus)]
             bins.append(_Bin(t.cpu_milli, t.memory_mib, gpu_left, model_name, blocks, dict(mig_free),
-                             group=grp.name, cost=grp.price, replicas=t.gpu_replicas))
+                             group=grp.name, cost=grp.price, replicas=t.gpu_replicas, shares=t.gpu_shares))
             specs.append(replace(t, name=f"{grp.name}-{len(specs)}"))
     # Pods no template can host at all are reported, not planned.
     empty = ClusterState(specs)
