@@ -43,13 +43,18 @@ def trace_slice(seed: int, count: int) -> list[dict]:
     return out
 
 
+def sharing(template: dict) -> dict:
+    """The template with a sharing device plugin (gpu.shares): the trace's GPU shares may go there (docs/devices.md)."""
+    return {**template, "gpu": {**template["gpu"], "shares": True}}
+
+
 def cluster() -> list[dict]:
     """Four GPU shapes, one of them MIG-partitioned, and a MIG node in the middle of a repartition, whose instances
-    the device plugin still advertises: the view both build leaves its GPUs out."""
+    the device plugin still advertises: the view both build leaves its GPUs out. The whole-GPU nodes give shares."""
     changing = mig_nodes("changing", 1)
     changing[0]["metadata"]["labels"]["nvidia.com/mig.config.state"] = "pending"
-    return (nodes("a100x8", 8, A100X8) + nodes("h100x8", 4, H100X8) + nodes("a100x4", 6, A100X4)
-            + mig_nodes("mig", 2) + changing)
+    return (nodes("a100x8", 8, sharing(A100X8)) + nodes("h100x8", 4, sharing(H100X8))
+            + nodes("a100x4", 6, sharing(A100X4)) + mig_nodes("mig", 2) + changing)
 
 
 def time_sliced() -> list[dict]:
