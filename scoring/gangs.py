@@ -31,10 +31,12 @@ from typing import Any, Literal
 import numpy as np
 
 from scoring.constraints import HOSTNAME_LABEL, NodeConstraints, Taint, allows, node_taints
+from scoring.fit import feasible
 from scoring.fragmentation import Workload
 from scoring.kubeobjects import planned_devices, pod_demand, pod_key
 from scoring.model import ClusterState, PodDemand
-from scoring.planner import place_gang
+from scoring.placement import Placer
+from scoring.planner import GangPlan, place_gang
 from scoring.policies import make_policy
 from scoring.verdicts import devices_free
 
@@ -243,6 +245,21 @@ def _hold_released(model: ClusterState, gangs: Sequence[Gang], row_of_host: Mapp
                     pass  # taken meanwhile: the member will not bind, and the bound resets its gang
 
 
+def place_alone(state: ClusterState, pod: PodDemand, policy: str, workload: Workload | None,
+                allowed: np.ndarray | None) -> GangPlan:
+    """One pod: the place-one-pod loop (scoring.placement.Placer: the policy's node and its devices, as in the
+    simulator and the extender), not place_gang's CP-SAT, whose 0..100 preference and own choice of GPUs placed lone
+    pods worse (a 50-node DRA replay, one pod at a time: the first pod that did not fit came at 88.4 % allocated
+    against the simulator's 95.8 %). A pod that fits nowhere is told so before any policy is built."""
+    t0 = time.perf_counter()
+    fits = feasible(state, pod) if allowed is None else feasible(state, pod) & allowed
+    choice = Placer(state, make_policy(policy, state, workload)).choose(pod, allowed) if fits.any() else None
+    if choice is None:
+        return GangPlan("infeasible", wall_seconds=time.perf_counter() - t0,
+                        notes=[f"pod {pod.name or '?'} fits on no node it may go to, even alone"])
+    return GangPlan("greedy", wall_seconds=time.perf_counter() - t0, placements=[(choice.node, tuple(choice.devices))])
+
+
 def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang], now: float,
            settings: GangSettings = GangSettings(), workload: Workload | None = None) -> list[GangDecision]:
     """One decision per gang that needs one (a gang wholly bound gets "placed"). `state`: the model of bound pods;
@@ -316,10 +333,13 @@ def decide(state: ClusterState, facts: Sequence[NodeFacts], gangs: Sequence[Gang
             if now - gang.arrived >= settings.reserve_after_s:
                 reserved_for = gang
             continue
-        # A burst of gangs must not hold the next decision back: past the budget, the greedy answer only.
-        limit = settings.time_limit_s if time.perf_counter() - started < settings.plan_budget_s else GREEDY_ONLY_S
-        plan = place_gang(model, [m.demand for m in members], policy=settings.policy, workload=workload,
-                          time_limit=limit, allowed=allowed)
+        if len(members) == 1:  # a pod alone (a DRA pod is a gang of one): placed as the simulator places one
+            plan = place_alone(model, members[0].demand, settings.policy, workload, allowed[0])
+        else:
+            # A burst of gangs must not hold the next decision back: past the budget, the greedy answer only.
+            limit = settings.time_limit_s if time.perf_counter() - started < settings.plan_budget_s else GREEDY_ONLY_S
+            plan = place_gang(model, [m.demand for m in members], policy=settings.policy, workload=workload,
+                              time_limit=limit, allowed=allowed)
         if not plan.ok:
             why = "; ".join(plan.notes) or "no placement holds all of its pods at once"
             out.append(GangDecision(gang.ref.key, "wait", f"{len(members)} pods do not fit together now: {why}",

@@ -187,3 +187,28 @@ def test_a_release_that_did_not_finish_is_completed_on_its_pins_or_reset():
     assert d.action == "release" and dict(d.pins)["ml/w0"] == "n2"  # the pin made before the crash holds
     [d] = decide(state, facts, [gang(members)], now=61.0, settings=FAST)
     assert d.action == "reset" and "never released" in d.message
+
+
+def test_a_pod_alone_is_placed_as_the_simulator_places_one():
+    """A gang of one (every DRA pod gpuaas allocates) goes where the place-one-pod loop puts it, node and GPU: a 300
+    share goes beside the 650 share (650+300 packs a GPU) rather than on the idle GPU or beside the 230, as the gpuaas
+    policy's cutting-stock regret says and CP-SAT's 0..100 preference did not always."""
+    from scoring.fragmentation import Workload
+    from scoring.gangs import place_alone
+    from scoring.model import PodDemand
+    from scoring.placement import Placer
+    from scoring.policies import make_policy
+
+    state = ClusterState([NodeSpec("a", 64000, 262144, 4, "A100-80GB")])
+    state.place(0, PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=650), (0,))
+    state.place(0, PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=230), (1,))
+    pods = [PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=m) for m in (650, 300, 230, 1000)]
+    workload = Workload.typical(pods)
+    share = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=1, gpu_milli=300, name="ml/s")
+    plan = place_alone(state, share, "gpuaas", workload, None)
+    expected = Placer(state, make_policy("gpuaas", state, workload)).choose(share)
+    assert plan.ok and expected is not None and plan.placements == [(expected.node, expected.devices)]
+    assert plan.placements == [(0, (0,))]
+    big = PodDemand(cpu_milli=1000, memory_mib=1024, gpus=4, gpu_milli=1000, name="ml/big")
+    refused = place_alone(state, big, "gpuaas", workload, None)
+    assert not refused.ok and refused.notes == ["pod ml/big fits on no node it may go to, even alone"]
