@@ -20,5 +20,14 @@ class Metrics:
                            ["kind"], registry=self.registry)
         self.queue_plan = Histogram("gpuaas_extender_queue_plan_seconds", "Time to plan the pending GPU pods "
                                     "jointly", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._decisions: dict[tuple[str, str], Counter] = {}
         self.rebuilds = Gauge("gpuaas_extender_model_rebuilds", "Times the model was rebuilt after node changes",
                               registry=self.registry)
+
+    def decision(self, verb: str, outcome: str) -> Counter:
+        """The decisions counter of (verb, outcome), looked up once: `labels()` costs a lock and a tuple per call, and
+        filter, prioritize and bind count several outcomes per pod."""
+        child = self._decisions.get((verb, outcome))
+        if child is None:
+            child = self._decisions[(verb, outcome)] = self.decisions.labels(verb, outcome)
+        return child

@@ -92,7 +92,7 @@ class ExtenderService:
             demand = self.view.demand(args.Pod)
         except UnsupportedDemand as err:
             # A valid pod gpuaas cannot place: kube-scheduler shows this Error in the pod's events.
-            self.metrics.decisions.labels("filter", "unsupported").inc()
+            self.metrics.decision("filter", "unsupported").inc()
             return ExtenderFilterResult(Error=str(err))
         except (ObjectError, KeyError) as err:
             raise BadRequest(str(err)) from None
@@ -103,7 +103,7 @@ class ExtenderService:
         key = pod_key(args.Pod)
         if plan is not None and plan.reserved is not None and key in self.view.queue and key not in plan.planned:
             held = verdicts.hold_for_plan(verdict, plan.reserved, demand)
-            self.metrics.decisions.labels("filter", "held-for-plan").inc(held)  # nodes, as feasible and failed
+            self.metrics.decision("filter", "held-for-plan").inc(held)  # nodes, as feasible and failed
         if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
                                                                for m in verdict.failed.values()):
             sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
@@ -111,9 +111,9 @@ class ExtenderService:
         # kube-scheduler's prioritize for this pod follows with exactly the feasible names: keep their rows.
         self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows,
                                        state.version)
-        self.metrics.decisions.labels("filter", "feasible").inc(len(verdict.feasible))
-        self.metrics.decisions.labels("filter", "failed").inc(len(verdict.failed))
-        self.metrics.decisions.labels("filter", "unresolvable").inc(len(verdict.unresolvable))
+        self.metrics.decision("filter", "feasible").inc(len(verdict.feasible))
+        self.metrics.decision("filter", "failed").inc(len(verdict.failed))
+        self.metrics.decision("filter", "unresolvable").inc(len(verdict.unresolvable))
         log.debug("filter", extra={"pod": demand.name, "candidates": len(names), "feasible": len(verdict.feasible)})
         # Without a node cache the scheduler sent (and wants back) full Node objects.
         nodes = None
@@ -136,7 +136,7 @@ class ExtenderService:
         planned = self.plan.node_of(pod_key(args.Pod)) if self.plan is not None else None
         if planned is not None:
             scored = verdicts.steer(state, scored, demand, planned)
-            self.metrics.decisions.labels("prioritize", "steered" if scored.pick == state.names[planned]
+            self.metrics.decision("prioritize", "steered" if scored.pick == state.names[planned]
                                           else "plan-stale").inc()
         pick, key = scored.pick, pod_key(args.Pod)
         if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
@@ -144,7 +144,7 @@ class ExtenderService:
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
             self.view.assume(key, pick, demand, self._devices(args.Pod, state, policy, demand, node))
-        self.metrics.decisions.labels("prioritize", "scored").inc(len(scored.names))
+        self.metrics.decision("prioritize", "scored").inc(len(scored.names))
         return scored
 
     @staticmethod
@@ -177,8 +177,8 @@ class ExtenderService:
                                    rows_by_hostname=self.view.rows_by_hostname())
             self._plan_model = self.view.rebuilds
             self.metrics.queue_plan.observe(time.perf_counter() - started)
-            self.metrics.decisions.labels("queue-plan", "planned").inc(len(self.plan.planned))
-            self.metrics.decisions.labels("queue-plan", "left-out").inc(len(self.plan.left_out))
+            self.metrics.decision("queue-plan", "planned").inc(len(self.plan.planned))
+            self.metrics.decision("queue-plan", "left-out").inc(len(self.plan.left_out))
         return self.plan
 
     def _reserve_unplanned(self, key: str, node: int, demand: PodDemand, devices: tuple[int, ...]) -> None:
@@ -202,7 +202,7 @@ class ExtenderService:
         entry cannot leave out, gets an empty answer at once: the GPU entry ranks it."""
         demand = self._demand(args.Pod)
         if demand.gpus:
-            self.metrics.decisions.labels("prioritize", "gpu-pod-skipped").inc()
+            self.metrics.decision("prioritize", "gpu-pod-skipped").inc()
             empty = np.empty(0, dtype=np.int64)
             return verdicts.Priorities([], empty, empty, None, [])
         return self.prioritize(args)
@@ -217,27 +217,37 @@ class ExtenderService:
         # What kube-scheduler's own filters would refuse, whoever asks: another scheduler's pod, a node it excludes.
         refused = bind_refusal(pod, self.view.nodes.get(args.Node), self.scheduler_names)
         if refused:
-            self.metrics.decisions.labels("bind", "refused").inc()
+            self.metrics.decision("bind", "refused").inc()
             return ExtenderBindingResult(Error=f"{key} may not be bound to {args.Node} by gpuaas: {refused}")
         demand = self._demand(pod)
         held = self.view.placements.get(key) if key in self.view.assumed else None
         if held is not None and held.node != args.Node:
-            self.metrics.decisions.labels("bind", "not-our-pick").inc()  # kube-scheduler overruled the ranking
-        self.view.forget(key)  # the GPUs prioritize held for this pod, possibly on another node
-        state, policy = self.view.snapshot()
-        node = state.index.get(args.Node)
-        if node is None:
-            raise BadRequest(f"node {args.Node} is not known to gpuaas", status=422)
-        if not feasible(state, demand)[node]:
-            # Another pod took the GPUs since filter ran: refuse, and the scheduler retries this pod.
-            reason = verdicts.filter_nodes(state, demand, [args.Node]).failed.get(args.Node, "does not fit")
-            self.metrics.decisions.labels("bind", "refused").inc()
-            return ExtenderBindingResult(Error=f"{key} no longer fits on {args.Node}: {reason}")
-        if held is not None and held.node == args.Node and verdicts.devices_free(state, node, demand, held.devices):
-            devices = held.devices  # what prioritize chose on this node, on the same state minus this pod
+            self.metrics.decision("bind", "not-our-pick").inc()  # kube-scheduler overruled the ranking
+        kept = (self.view.renew(key) if held is not None and held.node == args.Node and held.demand == demand
+                else None)
+        if kept is not None:
+            # The usual case: kube-scheduler binds where prioritize held the GPUs, and the pod still fits there. The
+            # hold stays as it is: what forget() and assume() below would make of it, at a third of the cost.
+            devices = kept.devices
+            node = self.view.snapshot()[0].index[args.Node]
         else:
-            devices = self._devices(pod, state, policy, demand, node)
-        self.view.assume(key, args.Node, demand, tuple(devices))
+            self.view.forget(key)  # the GPUs prioritize held for this pod, possibly on another node
+            state, policy = self.view.snapshot()
+            known = state.index.get(args.Node)
+            if known is None:
+                raise BadRequest(f"node {args.Node} is not known to gpuaas", status=422)
+            node = known
+            if not feasible(state, demand)[node]:
+                # Another pod took the GPUs since filter ran: refuse, and the scheduler retries this pod.
+                reason = verdicts.filter_nodes(state, demand, [args.Node]).failed.get(args.Node, "does not fit")
+                self.metrics.decision("bind", "refused").inc()
+                return ExtenderBindingResult(Error=f"{key} no longer fits on {args.Node}: {reason}")
+            if (held is not None and held.node == args.Node
+                    and verdicts.devices_free(state, node, demand, held.devices)):
+                devices = held.devices  # what prioritize chose on this node, on the same state minus this pod
+            else:
+                devices = self._devices(pod, state, policy, demand, node)
+            self.view.assume(key, args.Node, demand, tuple(devices))
         self._reserve_unplanned(key, node, demand, tuple(devices))
         started = time.perf_counter()
         try:
@@ -245,10 +255,10 @@ class ExtenderService:
                                    {DEVICES_ANNOTATION: format_devices(devices)} if devices else {})
         except (BindError, OSError) as err:
             self.view.forget(key)
-            self.metrics.decisions.labels("bind", "error").inc()
+            self.metrics.decision("bind", "error").inc()
             log.warning("bind failed", extra={"pod": key, "node": args.Node, "error": str(err)})
             return ExtenderBindingResult(Error=str(err))
-        self.metrics.decisions.labels("bind", "bound").inc()
+        self.metrics.decision("bind", "bound").inc()
         log.info("bound", extra={"pod": key, "node": args.Node, "devices": list(devices),
                                  "api_ms": round((time.perf_counter() - started) * 1000, 2)})
         return ExtenderBindingResult(Error="")

@@ -27,6 +27,7 @@ from typing import Any
 
 from scoring.constraints import HOSTNAME_LABEL
 from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold
+from scoring.fit import misfit_reason
 from scoring.fragmentation import Workload
 from scoring.gpus import UnknownGpuModelError
 from scoring.kubeobjects import (
@@ -355,6 +356,28 @@ class ClusterView:
         self.placements[key] = Placement(node_name, demand, tuple(devices))
         self.assumed[key] = self.clock() + self.assume_ttl
         policy.observe(node)
+
+    def renew(self, key: str) -> Placement | None:
+        """Keep the GPUs held for a pod being bound where they are held, when they would be held again as they are:
+        the node without the pod still fits it (what bind re-checks). Renews the hold's time-to-live and returns it;
+        None (nothing changed) when the pod holds nothing or no longer fits. The model ends as after forget() and
+        assume() of the same placement, without refreshing the policy's tables for the node twice."""
+        state, _ = self.snapshot()
+        placement = self.placements.get(key)
+        if key not in self.assumed or placement is None:
+            return None
+        node = state.index.get(placement.node)
+        if node is None:
+            return None
+        state.remove(node, placement.demand, placement.devices)
+        try:
+            fits = misfit_reason(state, placement.demand, node) is None
+        finally:
+            state.place(node, placement.demand, placement.devices)  # the node as it was: the policy's tables hold
+        if not fits:
+            return None
+        self.assumed[key] = self.clock() + self.assume_ttl
+        return placement
 
     def forget(self, key: str) -> None:
         """Drop an assumption (the binding failed)."""

@@ -166,6 +166,45 @@ def test_bind_on_the_picked_node_uses_the_devices_prioritize_held():
     assert free_gpus(view, "a100-0001") == 6
 
 
+def test_bind_where_prioritize_held_keeps_the_hold_and_renews_its_time_to_live(clock):
+    """The usual bind: kube-scheduler chose the node prioritize held GPUs on. The hold is kept as it is (the same
+    devices, the node's model as forget and assume would leave it) and lives assume_ttl from the bind, not from
+    prioritize."""
+    view = view_with_nodes(clock)
+    pods = {"ml/p": pending("p", gpus=2)}
+    binder = RecordingBinder()
+    svc = service(view, binder, pods)
+    svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["a100-0001"]))
+    held = view.placements["ml/p"].devices
+    state, _ = view.snapshot()
+    before = state.gpu_left.copy(), state.cpu_left.copy(), state.mem_left.copy()
+    clock.t = 20
+    asyncio.run(svc.bind(ExtenderBindingArgs(PodName="p", PodNamespace="ml", PodUID="uid-p", Node="a100-0001")))
+    assert binder.calls == [("p", "a100-0001", {"gpuaas.io/devices": ",".join(map(str, held))})]
+    state, _ = view.snapshot()
+    assert all((a == b).all() for a, b in zip(before, (state.gpu_left, state.cpu_left, state.mem_left), strict=True))
+    clock.t = 45  # 30 s after prioritize, 25 s after bind
+    assert free_gpus(view, "a100-0001") == 6
+    clock.t = 51
+    assert free_gpus(view, "a100-0001") == 8  # never confirmed by the watch: released assume_ttl after bind
+
+
+def test_bind_where_prioritize_held_refuses_once_the_node_no_longer_fits_the_pod():
+    """A pod bound past gpuaas took the node's CPU after prioritize held GPUs there: the pod does not fit without its
+    hold, so bind refuses it and gives the GPUs back, as when it is bound elsewhere."""
+    view = view_with_nodes()
+    pods = {"ml/p": pending("p", gpus=2, cpu="8")}
+    binder = RecordingBinder()
+    svc = service(view, binder, pods)
+    svc.prioritize(ExtenderArgs(Pod=pods["ml/p"], NodeNames=["a100-0001"]))
+    assert free_gpus(view, "a100-0001") == 6
+    view.on_change("Pod", None, bound(pending("hog", gpus=1, cpu="125"), "a100-0001", "7"))
+    result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName="p", PodNamespace="ml", PodUID="uid-p",
+                                                      Node="a100-0001")))
+    assert "no longer fits on a100-0001: insufficient cpu (8000m requested)" in result.Error
+    assert binder.calls == [] and free_gpus(view, "a100-0001") == 7
+
+
 def test_a_filter_body_cannot_change_what_bind_and_the_informer_believe_a_pod_asks_for():
     """Defect 5: a /filter body carrying a victim's uid and generation but no containers once filled the demand cache
     that bind and the informer read, and the victim's 2-GPU pod then counted as using nothing."""
