@@ -129,9 +129,10 @@ def gangs_process(workdir: Path, kubeconfig: Path, config: Path | None = None, *
     return proc
 
 
-def autoscaler_process(workdir: Path, kubeconfig: Path, config: Path) -> ComponentProcess:
-    """Ready once its first sync ran (its /readyz): past reading its config and checking its queries."""
-    proc = ComponentProcess("gpuaas-autoscaler", [], workdir)
+def autoscaler_process(workdir: Path, kubeconfig: Path, config: Path, *, port: int | None = None) -> ComponentProcess:
+    """Ready once its first sync ran (its /readyz): past reading its config and checking its queries. `port`: of
+    /metrics and the probes (default: a free one)."""
+    proc = ComponentProcess("gpuaas-autoscaler", [], workdir, port=port)
     proc.args = ["autoscaler", "--config", str(config), "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1",
                  "--port", str(proc.port), "--verbose"]
     return proc

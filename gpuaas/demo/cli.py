@@ -159,6 +159,18 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
             f"{s['whole_nodes_free_at_end']} of {len(whole)}")
 
 
+def idle_line(scheduler: str, idle: dict[str, Any] | None) -> str:
+    """The idle-GPU report of one run, in a line (the report's section has the table)."""
+    if idle is None:
+        return f"{scheduler:<7}: idle GPUs not looked for"
+    head = f"{scheduler:<7}: idle GPUs (use below {100 * idle['threshold']:g}% over the last {idle['window_s']:g}s)"
+    if idle.get("error"):
+        return f"{head}: no answer: {idle['error']}"
+    found = ", ".join(f"{w['namespace']}/{w['kind'].lower()}/{w['name']} ({w['gpus']:.2g} GPU at "
+                      f"{100 * w['utilization']:.1f}%, {w['gpu_hours']:.3f} GPU-h)" for w in idle["workloads"])
+    return f"{head}: {found or 'none'}; {len(idle['busy'])} busy, {len(idle['unmeasured'])} without series"
+
+
 def print_intro(stacks: list[Stack], timings: list[dict[str, float]], settings: RunSettings, trace: str) -> None:
     for s, t in zip(stacks, timings, strict=True):
         assert s.prometheus is not None, "up() starts it"
@@ -187,6 +199,8 @@ def print_end(record: dict[str, Any], primary: Stack, gangs_total: int) -> None:
                   f"{_s(g['half_placed_s'])}")
     for scheduler, run in record["runs"].items():
         print(summary_line(scheduler, run, gangs_total))
+    for scheduler, run in record["runs"].items():
+        print(idle_line(scheduler, run.get("idle")))
 
 
 # -- the run ----------------------------------------------------------------------------------------------------------
@@ -303,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         finals = _parallel([s.finish for s in stacks])
         print(f"settled in {time.monotonic() - settle0:.0f}s; final state read", flush=True)
         runs = {s.scheduler: {"scheduler": s.scheduler, "samples": samples[s.scheduler], "events": s.events,
-                              "final": final} for s, final in zip(stacks, finals, strict=True)}
+                              "final": final, "idle": s.idle} for s, final in zip(stacks, finals, strict=True)}
         raw = raw_record(started_at=started_at, duration_s=args.duration, speed=args.speed, pools=pools, runs=runs)
         outdir.mkdir(parents=True, exist_ok=True)
         (outdir / "run.json").write_text(json.dumps(raw, indent=1))  # kept as it is if it does not validate

@@ -7,6 +7,8 @@
 - Prometheus scraping the load replayers, one per inference service, which play the inference servers on the pods of
   its Deployment and replay the trace (in this process, so the sampler reads each request's wait);
 - the fake node agent (the device plugin and the MIG manager KWOK nodes lack; in this process, as the admin);
+- a stand-in for dcgm-exporter (gpuaas/loadgen/dcgm.py, in this process): the GPU use of every pod holding GPUs, which
+  the autoscaler's idle-GPU look reads from Prometheus; the run ends with that look's report (`idle`);
 - for scheduler "gpuaas", the gang controller with its admission webhook (`gpuaas gangs`, registered with the
   apiserver): gangs are submitted as a user writes them and placed whole; a default-scoring cluster places the same
   pods one by one;
@@ -29,8 +31,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from autoscaler.config import AutoscalerConfig, Target
+from autoscaler.config import AutoscalerConfig, IdleGpusConfig, Target
 from autoscaler.controller import gather_signals
+from autoscaler.idle import KubeWorkloads, measure
 from autoscaler.prom import Prometheus
 from extender.schedconfig import extender_entries, gpuaas_profile
 from nodescaler.config import NodeGroupConfig
@@ -51,8 +54,10 @@ from ..cluster.migmanager import FakeNodeAgent
 from ..cluster.process import free_port
 from ..cluster.prometheus import PrometheusServer
 from ..cluster.webhooks import gangs_webhook_settings, register_gangs_webhook, unregister_gangs_webhook
+from ..loadgen.dcgm import DcgmExporter, replayer_utilization
 from ..loadgen.replayer import Replayer
 from ..loadgen.trace import Arrival
+from ..report.idle import section as idle_section
 from . import sampling
 from .timeline import (
     INFERENCE,
@@ -96,9 +101,18 @@ def nodescaler_config(pools: PoolSpec, duration_s: float) -> dict[str, Any] | No
             "leader_election": {"namespace": SYSTEM_NS, "name": "gpuaas-nodescaler"}}
 
 
-def autoscaler_config(prometheus_url: str, speed: float, services=INFERENCE) -> dict[str, Any]:
+def idle_gpus_config(duration_s: float, speed: float) -> dict[str, Any]:
+    """The idle-GPU look in the demo: over the last fifth of the run (at least 10 s; the shipped window is an hour),
+    pods judged after half of that, every minute of trace time (at least every second)."""
+    window = max(10.0, round(duration_s / 5))
+    return {"interval_s": max(1.0, 60.0 / speed), "window_s": window, "min_age_s": window / 2}
+
+
+def autoscaler_config(prometheus_url: str, speed: float, services=INFERENCE, *,
+                      duration_s: float = 300.0) -> dict[str, Any]:
     timing = autoscaler_timing(speed)
     return {"prometheus": {"url": prometheus_url, "timeout_s": 2}, "interval_s": timing["interval_s"],
+            "idle_gpus": idle_gpus_config(duration_s, speed),
             "targets": [{"deployment": s.name, "namespace": INFERENCE_NS, "min_replicas": s.min_replicas,
                          "max_replicas": s.max_replicas, "cold_start_s": timing["cold_start_s"],
                          "default_service_time_s": 1.0 / speed, "windows": timing["windows"]} for s in services]}
@@ -137,6 +151,8 @@ class Stack:
         self.prometheus: PrometheusServer | None = None
         self.replayers: dict[str, Replayer] = {}
         self.agent: FakeNodeAgent | None = None
+        self.dcgm: DcgmExporter | None = None
+        self.idle: dict[str, Any] | None = None  # the idle-GPU report at the end of the run (run record `idle`)
         self.gangs: ComponentProcess | None = None
         self.webhook_port = free_port()
         self.reader: sampling.ClusterReader | None = None
@@ -167,12 +183,17 @@ class Stack:
             self.replayers[svc.name] = Replayer(api, INFERENCE_NS, svc.name,
                                                 service_arrivals(s.trace, svc, speed=s.speed, duration_s=s.duration_s),
                                                 model=model)
+        self.dcgm = DcgmExporter(api, utilization=replayer_utilization(self.replayers))
+        autoscaler_port = free_port()  # its /metrics: the idle-GPU gauges
         self.prometheus = PrometheusServer(self.workdir, targets=[f"127.0.0.1:{r.port}" for r in
-                                                                  self.replayers.values()],
+                                                                  self.replayers.values()]
+                                           + [f"127.0.0.1:{self.dcgm.port}", f"127.0.0.1:{autoscaler_port}"],
                                            scrape_interval=f"{round(1000 * scrape_interval_s(s.speed))}ms")
         self.prometheus.start()
         self.prom = Prometheus(self.prometheus.url, timeout_s=2)
-        config = AutoscalerConfig.model_validate(autoscaler_config(self.prometheus.url, s.speed, s.services))
+        config = AutoscalerConfig.model_validate(autoscaler_config(self.prometheus.url, s.speed, s.services,
+                                                                   duration_s=s.duration_s))
+        self.idle_config: IdleGpusConfig = config.idle_gpus
         self.targets = {t.deployment: t for t in config.targets}
         accounts = {"extender": ("bases/extender", "gpuaas-extender"),
                     "nodescaler": ("bases/nodescaler", "gpuaas-nodescaler"),
@@ -197,7 +218,8 @@ class Stack:
             self.components.append(nodescaler_process(self.workdir, kubeconfigs["nodescaler"], path))
         path = self.workdir / "autoscaler.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        self.components.append(autoscaler_process(self.workdir, kubeconfigs["autoscaler"], path))
+        self.components.append(autoscaler_process(self.workdir, kubeconfigs["autoscaler"], path,
+                                                  port=autoscaler_port))
         for c in self.components:  # from this thread, which lives as long as they should (see ComponentProcess.spawn)
             c.spawn()
         self.agent = FakeNodeAgent(api, interval=1.0).start()
@@ -227,6 +249,8 @@ class Stack:
         self.t0, self.started_epoch = t0, epoch
         for r in self.replayers.values():
             r.start(warm=True)
+        if self.dcgm is not None:
+            self.dcgm.start()
         self._driver = threading.Thread(target=self._drive, name=f"driver-{self.scheduler}", daemon=True)
         self._driver.start()
 
@@ -317,6 +341,7 @@ class Stack:
         self._stop.set()
         if self._driver:
             self._driver.join(10)
+        self.idle = self.idle_report()
         self._unregister_webhook()
         for c in self.components:
             if c is not self.extender:
@@ -325,6 +350,8 @@ class Stack:
             self.agent.stop()
         for r in self.replayers.values():
             r.stop()
+        if self.dcgm is not None:
+            self.dcgm.stop()
         reader = self._reader()
         deadline = time.monotonic() + timeout
         while True:
@@ -347,6 +374,17 @@ class Stack:
         gangs = {sub.name: len(sub.objects) for sub in self.settings.timeline if sub.kind == "gang"}
         return sampling.final_state(nodes, pods, deployments, reasons, gangs, end=time.time())
 
+    def idle_report(self) -> dict[str, Any]:
+        """The idle-GPU look the autoscaler takes, once more at the end of the run (before the load stops), as the
+        run record keeps it; a failure is recorded, not raised."""
+        config = self.idle_config
+        try:
+            report = measure(self._prom(), KubeWorkloads(self.cluster.api, request_timeout=10), config, time.time())
+            return idle_section(report).model_dump(mode="json")
+        except Exception as err:  # the report says why it has no answer
+            log.warning("%s: idle GPUs: %s", self.name, err)
+            return {"threshold": config.threshold, "window_s": config.window_s, "error": str(err) or repr(err)}
+
     def _unregister_webhook(self) -> None:
         """Before the gang controller stops: a registration left behind (failurePolicy Fail) would refuse every group
         member created in a cluster kept with --keep."""
@@ -366,6 +404,8 @@ class Stack:
         for r in self.replayers.values():
             if not r.stop_event.is_set():
                 r.stop()
+        if self.dcgm is not None and not self.dcgm.stop_event.is_set():
+            self.dcgm.stop()
         if self.prom:
             self.prom.close()
         if self.prometheus:

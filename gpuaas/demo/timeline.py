@@ -12,6 +12,11 @@ The timeline (times are fractions of the run's duration D, wall clock):
 - 0.40 D:     a second wave of MIG pods that finish;
 - 0.50 D:     a burst of 8-GPU batch pods that exceeds the fleet: the node group grows for them, and shrinks after.
 
+What the pods do with their GPUs is made up for the idle-GPU report (gpuaas/loadgen/dcgm.py, the annotation
+`gpuaas.io/simulated-gpu-utilization`): training pods use 90 %, the MIG services 50-60 %, and `rerank-0`, a MIG
+service nobody calls, 2 %: the idle workload the report should name. The inference replicas use what the replayed load
+gives them.
+
 Finite jobs are sized to end by 0.85 D when they start on time, so the cluster is quiet when the run ends and its
 final state is what `kubectl` shows afterwards.
 
@@ -31,6 +36,7 @@ from scoring.gangs import GANG_LABEL, GANG_SIZE_ANNOTATION
 from scoring.kubeobjects import pod_demand
 from scoring.model import MAX_GPUS_PER_NODE
 
+from ..loadgen.dcgm import UTILIZATION_ANNOTATION
 from ..loadgen.serving import ServiceModel
 from ..loadgen.trace import Arrival, scale_rate
 from ..workloads import gpu_deployment, gpu_pod
@@ -93,14 +99,26 @@ def _seconds(s: float) -> str:
     return f"{max(1, round(s))}s"
 
 
+TRAINING_USE = 0.9
+MIG_USE = {"embed-0": 0.6, "embed-1": 0.6, "rerank-0": 0.02, "chat-small-0": 0.5}  # rerank-0: nobody calls it
+MIG_BATCH_USE = 0.8
+
+
+def _uses(pod: dict[str, Any], share: float) -> dict[str, Any]:
+    pod["metadata"].setdefault("annotations", {})[UTILIZATION_ANNOTATION] = f"{share:g}"
+    return pod
+
+
 def _training_pod(name: str, gpus: int, *, duration_s: float | None, labels: dict[str, str] | None = None):
-    return gpu_pod(name, TRAINING_NS, gpus=gpus, cpu=str(8 * gpus), memory=f"{64 * gpus}Gi",
-                   complete_after=_seconds(duration_s) if duration_s is not None else None, labels=labels)
+    return _uses(gpu_pod(name, TRAINING_NS, gpus=gpus, cpu=str(8 * gpus), memory=f"{64 * gpus}Gi",
+                         complete_after=_seconds(duration_s) if duration_s is not None else None, labels=labels),
+                 TRAINING_USE)
 
 
 def _mig_pod(name: str, profile: str, *, duration_s: float | None):
-    return gpu_pod(name, INFERENCE_NS, mig=profile, cpu="2", memory="16Gi",
-                   complete_after=_seconds(duration_s) if duration_s is not None else None)
+    return _uses(gpu_pod(name, INFERENCE_NS, mig=profile, cpu="2", memory="16Gi",
+                         complete_after=_seconds(duration_s) if duration_s is not None else None),
+                 MIG_USE.get(name, MIG_BATCH_USE))
 
 
 def _gang(at: float, name: str, pods: int, gpus: int, duration_s: float | None) -> Submission:

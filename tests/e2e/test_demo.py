@@ -85,6 +85,10 @@ def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_pa
             assert kinds["ScaleUp"] >= 1, kinds  # the replica autoscaler acted on the trace
             assert r.final is not None and {g.gang for g in r.final.gangs} == {"pretrain", "finetune", "sweep", "rl"}
             assert any(g.all_bound_after_s is not None for g in r.final.gangs), r.final.gangs
+            # the idle-GPU look at the end names the MIG service nobody calls, and nothing busy
+            assert r.idle is not None and not r.idle.error, r.idle
+            assert [(w.kind, w.name) for w in r.idle.workloads] == [("Pod", "rerank-0")], r.idle
+            assert "inference/deployment/llm-code" in r.idle.busy, r.idle
         # gpuaas: gangs submitted as a user writes them, gated by the webhook, released whole by the controller
         gpuaas_run = record.runs["gpuaas"]
         assert Counter(e.kind for e in gpuaas_run.events)["GangReleased"] >= 1, gpuaas_run.events
