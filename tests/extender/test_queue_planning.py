@@ -124,3 +124,30 @@ def test_binding_a_left_out_pod_where_the_plan_has_no_room_drops_the_plan_and_bi
     result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName="late", PodNamespace="ml", PodUID="uid-late",
                                                       Node="a-0000")))
     assert result.Error == "" and svc.plan is None
+
+
+def test_a_slow_plan_is_not_made_again_at_every_filter(monkeypatch):
+    """On a starved CPU a plan can take longer than refresh_s; the next one waits min_gap_per_plan_second times
+    as long as the last took, counted from its end, so filter calls keep answering between plans."""
+    import extender.service as service
+
+    class SlowClock:  # perf_counter as the service sees it: every plan takes 3 s
+        t = 0.0
+
+        def perf_counter(self) -> float:
+            self.t += 1.5  # read twice per plan
+            return self.t
+
+    monkeypatch.setattr(service, "time", SlowClock())
+    clock = Clock()
+    pods = burst()
+    svc = cluster(QueuePlanning(min_pods=2, refresh_s=2.0), pods, clock)
+    args = ExtenderArgs(Pod=pods["ml/one-a"], NodeNames=NAMES)
+    svc.filter(args)
+    first = svc.plan
+    clock.t = 5.0  # past refresh_s, but the plan took 3 s: the next is due 12 s after it
+    svc.filter(args)
+    assert svc.plan is first
+    clock.t = 12.5
+    svc.filter(args)
+    assert svc.plan is not first
