@@ -326,7 +326,7 @@ def dra_node_spec(node: Mapping[str, Any], slices: Iterable[Mapping[str, Any]], 
         roots = {r: i for i, r in enumerate(dict.fromkeys(g.pcie_root for g in dra.gpus))}
         blocks = tuple(roots[g.pcie_root] for g in dra.gpus)
     return dataclasses.replace(base, gpus=len(dra.gpus), gpu_model=dra.model.name, gpu_blocks=blocks,
-                               mig_layouts=tuple(layouts) if any(layouts) else None)
+                               mig_layouts=tuple(layouts) if any(layouts) else None, dra=True)
 
 
 def claim_key(claim: Mapping[str, Any]) -> str:

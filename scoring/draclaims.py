@@ -400,14 +400,16 @@ def combined_demand(base: PodDemand, demands: Sequence[ClaimDemand], where: str)
             raise UnsupportedClaim(f"{where}: a PCIe-root constraint is supported when the pod's whole GPUs come from "
                                    "one claim")
         return dataclasses.replace(base, gpus=sum(r.count for r in requests), gpu_milli=MILLI,
-                                   allowed_models=allowed)
+                                   allowed_models=allowed, claims=True)
     if len(requests) > 1:
         what = "MIG devices" if kind == "mig" else "GPU shares"
         raise UnsupportedClaim(f"{where}: asks for {len(requests)} {what}; gpuaas places one per pod")
     r = requests[0]
     if kind == "mig":
-        return dataclasses.replace(base, gpus=1, gpu_milli=MILLI, mig_profile=r.profile, allowed_models=allowed)
-    return dataclasses.replace(base, gpus=1, gpu_milli=r.share, whole_share=r.share == MILLI, allowed_models=allowed)
+        return dataclasses.replace(base, gpus=1, gpu_milli=MILLI, mig_profile=r.profile, allowed_models=allowed,
+                                   claims=True)
+    return dataclasses.replace(base, gpus=1, gpu_milli=r.share, whole_share=r.share == MILLI, allowed_models=allowed,
+                               claims=True)
 
 
 def same_root_count(dra: PodDra) -> int:

@@ -20,6 +20,12 @@ NO_SHARE_PLUGIN = (f"node cannot give a {SHARE_RESOURCE} share: no device plugin
                    f"MIG instances only); ask for {GPU_RESOURCE}: 1, or for a share through a ResourceClaim of class "
                    f"{SHARE_CLASS} on a DRA node (docs/devices.md)")
 
+# What a pod hears from a node whose GPUs reach pods the other way (scoring.model, "Channels"; structural).
+DRA_NODE = ("node's GPUs are DRA devices (ResourceSlices), given to ResourceClaims only: ask through a ResourceClaim "
+            f"(docs/devices.md), not {GPU_RESOURCE}, nvidia.com/mig-<profile> or {SHARE_RESOURCE}")
+PLUGIN_NODE = ("node's GPUs are the device plugin's extended resources: a pod asking through ResourceClaims is "
+               "allocated DRA devices only")
+
 # -- the rules, as bool[N] over every node -----------------------------------------------------------------------------
 
 def cpu_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
@@ -31,6 +37,16 @@ def memory_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
 
 
 def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
+    """`_devices_fit` on the nodes whose GPUs reach the pod the way it asks (scoring.model, "Channels"): DRA nodes for
+    a pod asking through claims, the others for extended resources."""
+    fits = _devices_fit(state, pod)
+    if state.any_dra or pod.claims:
+        ours: NDArray[np.bool_] = fits & (state.dra_rows == pod.claims)
+        return ours
+    return fits
+
+
+def _devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     """Free devices of the kind the pod asks (a free MIG instance of its profile, a GPU with its share free, or that
     many nvidia.com/gpu devices: wholly free GPUs, or free replicas on a time-sliced node), whatever the GPU model.
     A GPU share gpuaas accounts fits only the nodes that can give one (`ClusterState.share_nodes`: not time-sliced,
@@ -87,6 +103,10 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
     replicas = state.replicas[rows]
     if pod.gpus:
         mark(gpus == 0, "node has no GPUs")
+        if state.any_dra or pod.claims:
+            dra = state.dra_rows[rows]
+            mark(dra & (not pod.claims), DRA_NODE)
+            mark(~dra & pod.claims, PLUGIN_NODE)
         if sliced is not None and shares_refused(pod):
             for r in present(replicas[sliced]):
                 mark(sliced & (replicas == r), f"node time-slices its GPUs ({REPLICAS_LABEL}={r}): its device plugin "

@@ -30,6 +30,12 @@ kubelet drops the request for an extended resource its node does not advertise a
 (share-capable and not time-sliced), and the fit rules, the fragmentation measure and the planners refuse shares
 elsewhere. Nodes built by hand or from a trace can (the simulation models a cluster that shares GPUs, as FGD's does).
 
+Channels. A node's GPUs reach pods one way: as the device plugin's extended resources, or as DRA devices
+(`NodeSpec.dra`: published in ResourceSlices, allocated to ResourceClaims). A pod asking `nvidia.com/gpu`,
+`nvidia.com/mig-<profile>` or `gpuaas.io/gpu-share` gets nothing from a DRA node (kube-scheduler filters the first two
+itself, not the share it ignores), and a pod asking through claims (`PodDemand.claims`) nothing from a device-plugin
+node: the fit rules and the planners keep each to its own nodes.
+
 Device indices. Which GPU index a pod holds is a fact only where something on the node enforces gpuaas's choice (a
 share-capable plugin reading `gpuaas.io/devices`, DRA allocations). With the NVIDIA device plugin the kubelet and the
 plugin pick the devices of `nvidia.com/gpu` and `nvidia.com/mig-<profile>` pods themselves: there the per-GPU columns
@@ -73,6 +79,9 @@ class NodeSpec:
     # plugin on it advertises that resource (scoring.kubeobjects.node_spec; without one the kubelet starts such a pod
     # with no GPU); in simulation every node can (see the module docstring, "Shares").
     gpu_shares: bool = True
+    # The GPUs are DRA devices (ResourceSlices; scoring.dra.dra_node_spec): only pods asking through ResourceClaims
+    # (PodDemand.claims) get them, and such pods get no other node's GPUs (see the module docstring, "Channels").
+    dra: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.gpus > MAX_GPUS_PER_NODE:
@@ -104,6 +113,7 @@ class PodDemand:
     allowed_models: frozenset[str] = field(default_factory=frozenset)
     name: str = ""
     whole_share: bool = False
+    claims: bool = False  # the GPUs are asked through ResourceClaims (scoring.draclaims): DRA nodes only
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
@@ -153,6 +163,7 @@ class ClusterState:
       replica_milli                          int64[N]   thousandths one nvidia.com/gpu device takes (MILLI // replicas)
       time_sliced                            bool[N]    replicas > 1
       share_nodes                            bool[N]    a GPU share (gpuaas.io/gpu-share) can be given there
+      dra_rows                               bool[N]    the GPUs are DRA devices (pods asking through claims only)
       model_idx                              int64[N]   index into `models` (-1 for CPU nodes)
       gpu_left                               int64[N,G] thousandths free per GPU (0 for padding and MIG GPUs)
       gpu_exists                             bool[N,G]
@@ -193,6 +204,9 @@ class ClusterState:
         # Nodes a GPU share fits at all: a device plugin there gives shares, and it does not time-slice (see "Shares").
         self.share_nodes = np.array([x.gpu_shares for x in self.nodes], dtype=bool) & ~self.time_sliced
         self.all_share_nodes = bool(self.share_nodes.all())  # simulations: every node; the rules skip the work
+        # DRA nodes (see "Channels"): their GPUs go to pods asking through claims, and only theirs do.
+        self.dra_rows = np.array([x.dra for x in self.nodes], dtype=bool)
+        self.any_dra = bool(self.dra_rows.any())
         self.model_idx = np.array(
             [self.model_pos[get_model(x.gpu_model).name] if x.gpus else -1 for x in self.nodes], dtype=np.int64)
         self.gpu_exists = np.arange(g)[None, :] < self.gpu_count[:, None]

@@ -79,6 +79,7 @@ class _Bin:
     cost: float = 0.0
     replicas: int = 1  # time-slicing replicas per GPU (scoring.model): its nvidia.com/gpu devices are replicas
     shares: bool = True  # a GPU share can be given here (scoring.model, "Shares": ClusterState.share_nodes)
+    dra: bool = False  # DRA GPUs: only pods asking through claims (scoring.model, "Channels")
 
     def free_replicas(self) -> int:
         """The nvidia.com/gpu devices free on a time-sliced bin (its device plugin picks which GPUs they are on)."""
@@ -102,6 +103,8 @@ def _assignment_model(pods: Sequence[PodDemand], bins: Sequence[_Bin], *, must_p
             if pod.cpu_milli > bn.cpu or pod.memory_mib > bn.mem:
                 continue
             if pod.gpus and pod.allowed_models and bn.model not in pod.allowed_models:
+                continue
+            if pod.gpus and bn.dra != pod.claims:  # the GPUs reach pods the other way (scoring.fit)
                 continue
             if pod.mig_profile:
                 if bn.mig_free.get(pod.mig_profile, 0) <= 0:
@@ -158,7 +161,7 @@ def _bins_from_state(state: ClusterState, nodes: Sequence[int]) -> list[_Bin]:
         out.append(_Bin(int(state.cpu_left[n]), int(state.mem_left[n]), [int(v) for v in state.gpu_left[n, :k]],
                         state.model_names[state.model_idx[n]] if k else "", [int(v) for v in state.block[n, :k]],
                         mig_free, node=int(n), replicas=int(state.replicas[n]),
-                        shares=bool(state.share_nodes[n])))
+                        shares=bool(state.share_nodes[n]), dra=bool(state.dra_rows[n])))
     return out
 
 
@@ -480,7 +483,8 @@ def cheapest_nodes(pending: Sequence[PodDemand], groups: Sequence[NodeGroup], *,
         for _ in range(cap):
             gpu_left = [0 if (t.mig_layouts and t.mig_layouts[g]) else MILLI for g in range(t.gpus)]
             bins.append(_Bin(t.cpu_milli, t.memory_mib, gpu_left, model_name, blocks, dict(mig_free),
-                             group=grp.name, cost=grp.price, replicas=t.gpu_replicas, shares=t.gpu_shares))
+                             group=grp.name, cost=grp.price, replicas=t.gpu_replicas, shares=t.gpu_shares,
+                             dra=t.dra))
             specs.append(replace(t, name=f"{grp.name}-{len(specs)}"))
     # Pods no template can host at all are reported, not planned.
     empty = ClusterState(specs)

@@ -135,7 +135,7 @@ def test_a_pod_s_named_claim_and_template_claim():
             statuses={"b": "gen-x"})
     dra = pod_dra(p, claims)
     assert [c.claim for c in dra.claims] == ["ml/one", "ml/gen-x"] and not dra.missing
-    assert dra.demand == PodDemand(4000, 8192, gpus=3, gpu_milli=1000, name="ml/p")
+    assert dra.demand == PodDemand(4000, 8192, gpus=3, gpu_milli=1000, name="ml/p", claims=True)
     assert dra.ours and dra.node == ""
 
 

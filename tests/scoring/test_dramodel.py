@@ -164,8 +164,8 @@ def test_the_policy_places_dra_pods_on_the_model_and_the_devices_follow():
     held = [allocated("c", "mig-0000", "gpu-0-mig-3g40gb-9-0"), allocated("a", "dra-0001", "gpu-0")]
     m, _ = model_of(held, wanted={"3g.40gb": 1})
     state = m.state
-    mig_pod = PodDemand(4000, 8192, gpus=1, gpu_milli=1000, mig_profile="3g.40gb")
-    two = PodDemand(4000, 8192, gpus=2, gpu_milli=1000)
+    mig_pod = PodDemand(4000, 8192, gpus=1, gpu_milli=1000, mig_profile="3g.40gb", claims=True)
+    two = PodDemand(4000, 8192, gpus=2, gpu_milli=1000, claims=True)
     gpaas = make_policy("gpuaas", state, Workload.typical([two, mig_pod]))
     placer = Placer(state, gpaas)
     choice = placer.place(mig_pod)

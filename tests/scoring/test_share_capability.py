@@ -5,6 +5,7 @@ waiting fixes. The fit rules read device-plugin nodes by counts: which GPU indic
 plugin's choice, not gpuaas's) changes no verdict."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from runtime.pools import PoolSpecError, node_objects, parse_pool_spec, pools_from_node_specs
-from scoring.fit import NO_SHARE_PLUGIN, feasible, misfit_reasons
+from scoring.fit import DRA_NODE, NO_SHARE_PLUGIN, PLUGIN_NODE, feasible, misfit_reasons
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.kubeobjects import node_spec
 from scoring.model import ClusterState, NodeSpec, PodDemand
@@ -151,3 +152,36 @@ def test_the_gang_planner_places_no_share_on_a_node_without_a_sharing_plugin():
     plan = place_gang(state, [SHARE, SHARE, SHARE], workload=Workload.typical([SHARE]))
     assert plan.ok and {state.names[n] for n, _ in plan.placements} == {"sharing"}, plan
     assert not place_gang(state, [SHARE] * 5, workload=Workload.typical([SHARE])).ok  # 4 x 250 fill the one sharing GPU
+
+
+# -- channels: DRA nodes give GPUs to claims only ------------------------------------------------------------------
+
+def test_a_dra_node_gives_no_extended_resource_share_and_a_device_plugin_node_nothing_to_claims():
+    """An extended-resource share (which kube-scheduler ignores, so only the extender can keep it off a DRA node) is
+    refused on the DRA node with a reason; a pod asking through claims fits the DRA node only."""
+    dra = NodeSpec("dra", 16_000, 65_536, gpus=1, gpu_model="A100-80GB", dra=True)
+    state = ClusterState([dra, NodeSpec("sharing", 16_000, 65_536, gpus=1, gpu_model="A100-80GB")])
+    verdict = filter_nodes(state, SHARE, ["dra", "sharing"])
+    assert verdict.feasible == ["sharing"] and verdict.unresolvable == {"dra": DRA_NODE}
+    claimed = dataclasses.replace(SHARE, claims=True)
+    verdict = filter_nodes(state, claimed, ["dra", "sharing"])
+    assert verdict.feasible == ["dra"] and verdict.unresolvable == {"sharing": PLUGIN_NODE}
+    assert feasible(state, dataclasses.replace(ONE, claims=True)).tolist() == [True, False]
+    plan = place_gang(state, [claimed, claimed], workload=Workload.typical([SHARE]))
+    assert plan.ok and {state.names[n] for n, _ in plan.placements} == {"dra"}, plan
+
+
+def test_a_claims_demand_and_a_dra_node_spec_say_so():
+    from runtime.draslices import resource_slices
+    from scoring.dra import dra_node_spec
+    from scoring.draclaims import claim_demand, combined_demand
+
+    pool = parse_pool_spec({"pools": [{"name": "d", "count": 1, "dra": True,
+                                       "gpu": {"model": "A100-80GB", "count": 2}}]}).pools[0]
+    spec = dra_node_spec(node_objects(pool)[0], resource_slices(pool, "d-0000"))
+    assert spec.dra and spec.gpus == 2
+    asked = claim_demand({"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu-share.gpuaas.io", "capacity": {"requests": {"share": "250"}}}}]}}, "claim")
+    assert asked is not None
+    demand = combined_demand(PodDemand(1000, 1024), [asked], "pod")
+    assert demand.claims and demand.is_share and demand.gpu_milli == 250
