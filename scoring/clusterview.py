@@ -410,4 +410,4 @@ class ClusterView:
     def stats(self) -> dict[str, int]:
         return {"nodes": len(self.nodes), "gpu_nodes": sum(1 for s in self.specs.values() if s.gpus),
                 "pods": len(self.pods), "assumed": len(self.assumed), "queued": len(self.queue),
-                "unreadable_nodes": len(self.bad_nodes)}
+                "unreadable_nodes": len(self.bad_nodes), "dra_claims_held": len(self._held)}
