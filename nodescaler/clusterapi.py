@@ -3,9 +3,12 @@ core and whichever infrastructure provider the cluster already uses (AWS, Azure,
 how many nodes of which group; Cluster API turns replicas into Machines and Machines into nodes.
 
 Scale-out patches the MachineDeployment's `/scale` subresource (replicas + n, conditional on its resourceVersion) and
-returns the Machines the MachineSet creates for it (waited for up to `MACHINE_WAIT_S`; the rest are read back by
-`status`). A Machine is a request on its way until it has a `status.nodeRef`; Cluster API then annotates the Node
-with `cluster.x-k8s.io/machine`, which tells the snapshot which request the node is (NodeInfo.claim).
+returns the Machines the MachineSet creates for it (waited for up to `MACHINE_WAIT_S`). `status` reads back every
+request on its way: Machines without a node, and replicas the MachineSet has not made a Machine for yet, as
+placeholders named `<machinedeployment>#replica-<i>` (the list is complete for the group: `ProviderStatus.complete`),
+so that a lagging MachineSet is not asked twice; a placeholder that expires is withdrawn by lowering replicas. A
+Machine is a request on its way until it has a `status.nodeRef`; Cluster API then annotates the Node with
+`cluster.x-k8s.io/machine`, which tells the snapshot which request the node is (NodeInfo.claim).
 
 Scale-in: gpuaas drains the node itself (cordon, Eviction API: PodDisruptionBudgets hold), then marks its Machine
 `cluster.x-k8s.io/delete-machine` (a MachineSet deletes marked Machines first, whatever its deletePolicy:
@@ -172,6 +175,7 @@ class ClusterAPIProvider:
         self.may_act = may_act
         self.machine_wait_s = machine_wait_s
         self._reported: set[str] = set()  # failures already reported (namespace/name)
+        self._since: dict[str, float] = {}  # placeholder -> when first on its way
 
     # -- the API ---------------------------------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, not_found: Any = ProviderError, **kw: Any) -> Any:
@@ -243,11 +247,20 @@ class ClusterAPIProvider:
         deadline = time.monotonic() + self.machine_wait_s
         new: list[str] = []
         while True:
-            new = sorted(m["metadata"]["name"] for m in self._machines(group)
+            machines = self._machines(group)
+            new = sorted(m["metadata"]["name"] for m in machines
                          if m["metadata"]["name"] not in before and not m["metadata"].get("deletionTimestamp"))
             if len(new) >= count or time.monotonic() > deadline:
-                return new[:count]
+                break
             time.sleep(0.2)
+        # Replicas the MachineSet has not made Machines for yet are on their way too, as placeholders (`status` lists
+        # them under the same names until their Machines appear).
+        missing = max(0, self._replicas(group) - len(_live(machines)))
+        now = self.clock()
+        names = new[:count] + [placeholder(group, i) for i in range(min(missing, count - len(new[:count])))]
+        for n in names:
+            self._since.setdefault(n, now)
+        return names
 
     def machine_of(self, group: NodeGroupConfig, node: dict[str, Any]) -> dict[str, Any] | None:
         """The Machine of the group's MachineDeployment that node `node` is: the one the node's annotation names, else
@@ -279,9 +292,15 @@ class ClusterAPIProvider:
         self._remove(group, machine, f"node {name}")
 
     def cancel(self, group: NodeGroupConfig, name: str) -> None:
-        """Withdraw Machine `name` (it expired or failed to launch). Gone already: nothing to do."""
+        """Withdraw Machine `name` (it expired or failed to launch), or a replica the MachineSet never made a Machine
+        for (a placeholder: replicas lowered while they are more than the Machines). Gone already: nothing to do."""
         c = _cfg(group)
-        machine = next((m for m in self._machines(group) if m["metadata"]["name"] == name), None)
+        machines = self._machines(group)
+        if PLACEHOLDER in name:
+            live = len(_live(machines))
+            self._set_replicas(group, lambda r: r - 1 if r > live else r)
+            return
+        machine = next((m for m in machines if m["metadata"]["name"] == name), None)
         if machine is None:
             return
         self._remove(group, machine, f"Machine {c.namespace}/{name}")
@@ -313,7 +332,13 @@ class ClusterAPIProvider:
         for group in self.groups():
             if group.clusterapi is None:
                 continue
-            for m in self._machines(group):
+            machines = self._machines(group)
+            out.complete.add(group.name)
+            for i in range(max(0, self._replicas(group) - len(_live(machines)))):
+                name = placeholder(group, i)
+                present.add(name)
+                out.in_flight.append(Requested(name, group.name, self._since.setdefault(name, now)))
+            for m in machines:
                 meta = m["metadata"]
                 key = f"{meta['namespace']}/{meta['name']}"
                 present.add(key)
@@ -329,7 +354,25 @@ class ClusterAPIProvider:
                 at = _time(meta.get("creationTimestamp"))
                 out.in_flight.append(Requested(meta["name"], group.name, at if at is not None else now))
         self._reported &= present
+        self._since = {k: v for k, v in self._since.items() if k in present}
         return out
+
+    def _replicas(self, group: NodeGroupConfig) -> int:
+        return int((self._scale(group).get("spec") or {}).get("replicas") or 0)
+
+
+PLACEHOLDER = "#replica-"  # (a character no Machine name has)
+
+
+def placeholder(group: NodeGroupConfig, i: int) -> str:
+    """The name of the i-th replica of `group` the MachineSet has not made a Machine for yet."""
+    return f"{_cfg(group).machine_deployment}{PLACEHOLDER}{i}"
+
+
+def _live(machines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Machines that count against replicas: not being deleted, not marked for deletion."""
+    return [m for m in machines if not m["metadata"].get("deletionTimestamp")
+            and DELETE_MACHINE not in (m["metadata"].get("annotations") or {})]
 
 
 def _cfg(group: NodeGroupConfig):

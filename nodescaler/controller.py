@@ -287,6 +287,8 @@ class NodeScaler:
             self.metrics.errors.labels("provider_status").inc()
             log.warning("reading the provider's requests: %s", err)
             return []
+        listed = {r.name for r in st.in_flight}
+        self.memory.requested = [u for u in self.memory.requested if u.group not in st.complete or u.name in listed]
         known = {u.name for u in self.memory.requested}
         for r in st.in_flight:
             group = self.config.group(r.group)

@@ -86,6 +86,9 @@ class LaunchFailure:
 class ProviderStatus:
     in_flight: list[Requested] = field(default_factory=list)
     failures: list[LaunchFailure] = field(default_factory=list)
+    # Groups whose requests on their way `in_flight` lists completely: a remembered request of such a group that is
+    # not listed is no longer on its way (the clusterapi provider's placeholders for replicas without a Machine yet).
+    complete: set[str] = field(default_factory=set)
 
 
 class Provider(Protocol):
@@ -130,6 +133,7 @@ class GroupProviders:
                 st = fn(now)
                 out.in_flight += st.in_flight
                 out.failures += st.failures
+                out.complete |= st.complete
         return out
 
     def cancel(self, group: NodeGroupConfig, name: str) -> None:

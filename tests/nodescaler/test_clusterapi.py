@@ -116,6 +116,7 @@ class FakeCapi:
         self.nodes: dict[str, dict] = {}
         self.conflicts = 0  # the next patches of the scale that answer 409
         self.n = 0
+        self.stalled = False  # the MachineSet makes no Machines
 
     @staticmethod
     def _resp(obj):
@@ -147,7 +148,7 @@ class FakeCapi:
 
     def reconcile(self) -> None:
         """The MachineSet: create Machines up to replicas, delete marked ones first (then the newest) down to it."""
-        while len(self.machines) < self.replicas:
+        while len(self.machines) < self.replicas and not self.stalled:
             name = f"md-a-{self.n}"
             self.n += 1
             self.machines[name] = {"metadata": {"name": name, "namespace": "fleet", "resourceVersion": "1",
@@ -219,3 +220,47 @@ def test_the_mark_says_gpuaas_drained_the_node():
     api.patch_namespaced_custom_object = patch  # type: ignore[method-assign]
     p.delete_node(cfg.groups[0], f"node-{names[0]}")
     assert DELETE_MACHINE in seen and EXCLUDE_DRAINING in seen and seen["gpuaas.io/scale-down-from"] == "2"
+
+
+def test_replicas_without_a_machine_yet_are_on_their_way_as_placeholders_and_withdrawn_by_lowering_replicas():
+    api = FakeCapi()
+    p, cfg = provider(api)
+    g = cfg.groups[0]
+    p.grow(g, 1)
+    api.stalled = True  # the MachineSet lags (or is broken): no Machines for the next 2
+    names = p.grow(g, 2)
+    assert api.replicas == 3 and names == ["md-a#replica-0", "md-a#replica-1"]
+    st = p.status(T0 + 5)
+    assert sorted(r.name for r in st.in_flight) == ["md-a#replica-0", "md-a#replica-1", "md-a-0"]
+    assert st.complete == {"a"} and all(r.requested_at == T0 for r in st.in_flight if "#" in r.name)
+    p.cancel(g, "md-a#replica-1")  # expired: lower replicas, they were more than the Machines
+    assert api.replicas == 2
+    api.stalled = False
+    api.reconcile()
+    assert sorted(r.name for r in p.status(T0 + 6).in_flight) == ["md-a-0", "md-a-1"]
+    p.cancel(g, "md-a#replica-0")  # a placeholder whose Machine came meanwhile: replicas stay
+    assert api.replicas == 2
+
+
+def test_a_remembered_request_no_longer_listed_for_a_complete_group_is_not_on_its_way_any_more():
+    from nodescaler.controller import NodeScaler
+    from nodescaler.provider import ProviderStatus, Requested
+    from nodescaler.scaleout import Upcoming
+
+    cfg = NodeScalerConfig.model_validate({"groups": groups()})
+
+    class Status:
+        def grow(self, group, count):
+            return []
+
+        def delete_node(self, group, name):
+            pass
+
+        def status(self, now):
+            return ProviderStatus(in_flight=[Requested("md-a-7", "a", T0)], complete={"a"})
+
+    scaler = NodeScaler(cfg, lambda now: None, None, Status())  # type: ignore[arg-type]
+    scaler.memory.requested = [Upcoming("md-a#replica-0", "a", T0 + 100), Upcoming("other", "b", T0 + 100)]
+    snap = SimpleNamespace(registered=lambda name: False)
+    scaler._provider_status(T0, snap)  # type: ignore[arg-type]
+    assert [u.name for u in scaler.memory.requested] == ["other", "md-a-7"]
