@@ -245,16 +245,42 @@ def summary(runs: dict[str, list[dict]]) -> dict:
             keys = sorted({k for r in rs for k in r["extender_ms_per_pod"]})
             out[config]["extender_ms_per_pod"] = {k: median([r["extender_ms_per_pod"].get(k, 0.0) for r in rs])
                                                   for k in keys}
-    rounds = len(runs["extender"])
-
-    def ratio(a: str, b: str) -> dict:
-        per_round = [round(runs[a][i]["pods_per_second"] / runs[b][i]["pods_per_second"], 3) for i in range(rounds)]
-        return {"median": median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
-
-    out["ratio_to_same_profile"] = ratio("extender", "same_profile")
-    out["ratio_to_default"] = ratio("extender", "default")
-    out["same_profile_to_default"] = ratio("same_profile", "default")
+    out["ratio_to_same_profile"] = round_ratios(runs["extender"], runs["same_profile"])
+    out["ratio_to_default"] = round_ratios(runs["extender"], runs["default"])
+    out["same_profile_to_default"] = round_ratios(runs["same_profile"], runs["default"])
     return out
+
+
+def round_ratios(runs: list[dict], to: list[dict]) -> dict:
+    """Pods/s of `runs` over `to` per round (runs next to each other), their median and range."""
+    per_round = [round(a["pods_per_second"] / b["pods_per_second"], 3) for a, b in zip(runs, to, strict=True)]
+    return {"median": median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
+
+
+def cpu_pods_entry_comparison(args: argparse.Namespace, common: dict[str, Any]) -> dict:
+    """The schemes for pods that ask for no GPU (docs/extender.md), on the same pods: the GPU entry alone (such pods
+    placed by kube-scheduler's own scoring), with the CPU-pod entry as deploy/ ships it, and every pod through the
+    GPU entry. Rounds interleaved like main's; ratios per round to the GPU entry alone, their median and range."""
+    schemes = {"gpu_entry_only": (False, False), "with_cpu_pods_entry": (True, False),  # (cpu_entry, all_pods)
+               "all_pods_through_gpu_entry": (False, True)}
+    names = list(schemes)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            cpu_entry, all_pods = schemes[name]
+            run = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, cpu_entry=cpu_entry,
+                          all_pods=all_pods, **common)
+            run["round"] = r
+            runs[name].append(run)
+            print(json.dumps({"progress": name, "round": r, "pods_per_second": run["pods_per_second"]}),
+                  file=sys.stderr, flush=True)
+
+    return {"bench": "scheduler_throughput", "comparison": "cpu_pods_entry", "nodes": args.nodes, "pods": args.pods,
+            "cpu_only_share": args.cpu_only_share, "repeats": args.repeats,
+            "pods_per_second": {n: median([r["pods_per_second"] for r in rs]) for n, rs in runs.items()},
+            "ratio_cpu_pods_entry": round_ratios(runs["with_cpu_pods_entry"], runs["gpu_entry_only"]),
+            "ratio_all_pods": round_ratios(runs["all_pods_through_gpu_entry"], runs["gpu_entry_only"]),
+            "runs": runs}
 
 
 def main() -> None:
@@ -275,19 +301,12 @@ def main() -> None:
                         help="an extender setting (e.g. queue_planning_min_pods=0), as GPUAAS_EXTENDER_KEY")
     parser.add_argument("--cpu-pods-entry", action="store_true",
                         help="instead: the extender with the GPU entry alone, with the CPU-pod entry (as deploy/ "
-                             "ships it) and with every pod through the GPU entry (all_pods), same pods, one after "
-                             "the other; ratio_cpu_pods_entry and ratio_all_pods are to the first")
+                             "ships it) and with every pod through the GPU entry (all_pods), same pods, --repeats "
+                             "rounds interleaved; ratio_cpu_pods_entry and ratio_all_pods are to the first")
     args = parser.parse_args()
     common = {"cpu_share": args.cpu_only_share, "idle_s": args.idle_s}
-    if args.cpu_pods_entry:  # the two extender runs first and back to back: the ratio that matters is theirs
-        gpu_entry = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, **common)
-        both = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, cpu_entry=True, **common)
-        every = one_run(args.nodes, args.pods, args.seed, "extender", args.timeout, all_pods=True, **common)
-        print(json.dumps({"bench": "scheduler_throughput", "comparison": "cpu_pods_entry",
-                          "gpu_entry_only": gpu_entry, "with_cpu_pods_entry": both, "all_pods_through_gpu_entry": every,
-                          "ratio_cpu_pods_entry": round(both["pods_per_second"] / gpu_entry["pods_per_second"], 3),
-                          "ratio_all_pods": round(every["pods_per_second"] / gpu_entry["pods_per_second"], 3)},
-                         indent=2))
+    if args.cpu_pods_entry:
+        print(json.dumps(cpu_pods_entry_comparison(args, common), indent=2))
         return
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
