@@ -675,7 +675,7 @@ def code_version(*, with_gangs: bool = False) -> dict[str, Any]:
 
     def git(*argv: str) -> str:
         try:
-            return subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+            return subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True, timeout=10).stdout.rstrip()
         except (OSError, subprocess.SubprocessError):
             return ""
     changed = git("status", "--porcelain", "--", "extender", "scoring", "runtime", "gpuaas/cluster",
