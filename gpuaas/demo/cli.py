@@ -30,6 +30,7 @@ from ..cluster.local import resolve_pool_spec
 from ..cluster.tools import ToolsMissing
 from ..loadgen.trace import TraceError, load_trace, synthetic_trace
 from ..plotting import MatplotlibMissing, require_matplotlib
+from . import agreement
 from .sampling import go_duration, utc_now
 from .stack import RunSettings, Stack
 from .timeline import SLO_QUEUE_WAIT_S, build_timeline, timeline_workload
@@ -159,6 +160,35 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
             f"{s['whole_nodes_free_at_end']} of {len(whole)}")
 
 
+def services_slo(stack: Stack, simulated: dict[str, agreement.Simulated]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, sim in simulated.items():
+        met, total = stack.served.get(name, (0, 0))
+        out[name] = {"demo": met / total if total else 0.0, "demo_requests": total,
+                     "simulated": sim.slo_attainment, "simulated_requests": sim.requests,
+                     "initial_replicas": sim.initial_replicas, "command": sim.command}
+    return out
+
+
+def print_services(record: dict[str, Any]) -> None:
+    """Per inference service: the demo's SLO attainment beside the simulator's for the same window and policy."""
+    print(f"\nSLO attainment (queue wait <= {SLO_QUEUE_WAIT_S:g} s) per service: the demo beside `gpuaas simulate "
+          "autoscaling` on the same trace window, ours, the same warm start, no controller memory:")
+    far = False
+    for scheduler, run in record["runs"].items():
+        for name, s in (run.get("services") or {}).items():
+            gap = 100 * (s["demo"] - s["simulated"])
+            far |= abs(gap) > 3
+            print(f"  {scheduler:<7} {name:<11} demo {100 * s['demo']:6.2f}% ({s['demo_requests']} requests)  "
+                  f"simulated {100 * s['simulated']:6.2f}% ({s['simulated_requests']})  {gap:+.2f} points  "
+                  f"(started with {s['initial_replicas']} replicas)")
+    commands = {n: s["command"] for run in record["runs"].values() for n, s in (run.get("services") or {}).items()}
+    for name, command in commands.items():
+        print(f"  {name}: {command}")
+    if far:
+        print(f"  more than 3 points apart: {agreement.WHY}")
+
+
 def idle_line(scheduler: str, idle: dict[str, Any] | None) -> str:
     """The idle-GPU report of one run, in a line (the report's section has the table)."""
     if idle is None:
@@ -201,6 +231,7 @@ def print_end(record: dict[str, Any], primary: Stack, gangs_total: int) -> None:
         print(summary_line(scheduler, run, gangs_total))
     for scheduler, run in record["runs"].items():
         print(idle_line(scheduler, run.get("idle")))
+    print_services(record)
 
 
 # -- the run ----------------------------------------------------------------------------------------------------------
@@ -307,6 +338,9 @@ def run(args: argparse.Namespace) -> int:
         for s in stacks:
             s.wait_ready()
         print_intro(stacks, timings, settings, trace_label)
+        # What the simulator gives for each service's window and policy, to print beside what the demo measures.
+        simulated = {svc.name: agreement.simulated(trace, svc, speed=args.speed, duration_s=args.duration,
+                                                   trace_path=str(trace_file or "TRACE")) for svc in settings.services}
         t0, epoch, started_at = time.monotonic(), time.time(), utc_now()
         for s in stacks:
             s.start(t0, epoch)
@@ -317,7 +351,8 @@ def run(args: argparse.Namespace) -> int:
         finals = _parallel([s.finish for s in stacks])
         print(f"settled in {time.monotonic() - settle0:.0f}s; final state read", flush=True)
         runs = {s.scheduler: {"scheduler": s.scheduler, "samples": samples[s.scheduler], "events": s.events,
-                              "final": final, "idle": s.idle} for s, final in zip(stacks, finals, strict=True)}
+                              "final": final, "idle": s.idle, "services": services_slo(s, simulated)}
+                for s, final in zip(stacks, finals, strict=True)}
         raw = raw_record(started_at=started_at, duration_s=args.duration, speed=args.speed, pools=pools, runs=runs)
         outdir.mkdir(parents=True, exist_ok=True)
         (outdir / "run.json").write_text(json.dumps(raw, indent=1))  # kept as it is if it does not validate

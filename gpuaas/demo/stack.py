@@ -58,7 +58,7 @@ from ..loadgen.dcgm import DcgmExporter, replayer_utilization
 from ..loadgen.replayer import Replayer
 from ..loadgen.trace import Arrival
 from ..report.idle import section as idle_section
-from . import sampling
+from . import agreement, sampling
 from .timeline import (
     INFERENCE,
     INFERENCE_NS,
@@ -153,6 +153,8 @@ class Stack:
         self.agent: FakeNodeAgent | None = None
         self.dcgm: DcgmExporter | None = None
         self.idle: dict[str, Any] | None = None  # the idle-GPU report at the end of the run (run record `idle`)
+        self.initial_replicas: dict[str, int] = {}
+        self.served: dict[str, tuple[int, int]] = {}  # per service: (requests within the SLO, requests counted)
         self.gangs: ComponentProcess | None = None
         self.webhook_port = free_port()
         self.reader: sampling.ClusterReader | None = None
@@ -176,8 +178,13 @@ class Stack:
             core.create_namespace({"metadata": {"name": ns}})
         self.reader = sampling.ClusterReader(api)
         s = self.settings
-        for svc in s.services:  # already serving when the run starts
-            client.AppsV1Api(api).create_namespaced_deployment(INFERENCE_NS, svc.deployment(), _preload_content=False)
+        # Already serving when the run starts, with what the first minute of their window needs (the simulator's warm
+        # start, gpuaas/demo/agreement.py).
+        self.initial_replicas = {svc.name: agreement.initial_replicas(s.trace, svc, speed=s.speed,
+                                                                      duration_s=s.duration_s) for svc in s.services}
+        for svc in s.services:
+            client.AppsV1Api(api).create_namespaced_deployment(
+                INFERENCE_NS, svc.deployment(self.initial_replicas[svc.name]), _preload_content=False)
         model = service_model(s.speed)
         for svc in s.services:
             self.replayers[svc.name] = Replayer(api, INFERENCE_NS, svc.name,
@@ -236,7 +243,7 @@ class Stack:
             pods = self._reader().pods()
             short = [svc.name for svc in self.settings.services
                      if sum(1 for p in pods if _in_deployment(p, svc.name) and p["status"].get("phase") == "Running")
-                     < svc.min_replicas]
+                     < self.initial_replicas[svc.name]]
             if not short:
                 return
             if time.monotonic() > deadline:
@@ -348,7 +355,10 @@ class Stack:
                 c.stop()
         if self.agent:
             self.agent.stop()
-        for r in self.replayers.values():
+        for name, r in self.replayers.items():
+            with r.lock:
+                self.served[name] = agreement.demo_slo(r.system.arrival_t, r.system.start_t, r.now(),
+                                                       SLO_QUEUE_WAIT_S / self.settings.speed)
             r.stop()
         if self.dcgm is not None:
             self.dcgm.stop()

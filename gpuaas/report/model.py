@@ -180,6 +180,17 @@ class IdleSection(_Record):
     error: str | None = None  # why there is no answer
 
 
+class ServiceSLO(_Record):
+    """One inference service: the SLO attainment the demo measured beside what `gpuaas simulate autoscaling` gives for
+    the same trace window and policy (gpuaas/demo/agreement.py)."""
+    demo: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    demo_requests: Count
+    simulated: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    simulated_requests: Count
+    initial_replicas: Count
+    command: str
+
+
 class Run(_Record):
     scheduler: Literal["gpuaas", "default"]
     samples: list[Sample] = Field(default_factory=list)
@@ -187,6 +198,7 @@ class Run(_Record):
     final: Final | None = None  # None when the run ended before the final state could be read
     summary: Summary | None = None
     idle: IdleSection | None = None
+    services: dict[str, ServiceSLO] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _time_ordered(self) -> Run:

@@ -89,6 +89,9 @@ def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_pa
             assert r.idle is not None and not r.idle.error, r.idle
             assert [(w.kind, w.name) for w in r.idle.workloads] == [("Pod", "rerank-0")], r.idle
             assert "inference/deployment/llm-code" in r.idle.busy, r.idle
+            # per service, the demo's SLO attainment beside the simulator's for the same window and policy
+            assert set(r.services) == {"llm-code", "llm-code-b"}, r.services
+            assert all(s.demo_requests > 0 and s.simulated_requests > 0 for s in r.services.values()), r.services
         # gpuaas: gangs submitted as a user writes them, gated by the webhook, released whole by the controller
         gpuaas_run = record.runs["gpuaas"]
         assert Counter(e.kind for e in gpuaas_run.events)["GangReleased"] >= 1, gpuaas_run.events
