@@ -292,7 +292,7 @@ OTHER_ENVIRONMENT = (
      "where setup keeps the venv, the Kubernetes, etcd and kwok binaries and the local clusters; default "
      "`~/.cache/gpuaas`"),
     ("GPUAAS_KUBE_BIN, GPUAAS_KWOK_BIN, GPUAAS_ETCD_BIN, GPUAAS_PROMETHEUS_BIN, GPUAAS_HELM_BIN, "
-     "GPUAAS_KARPENTER_BIN",
+     "GPUAAS_KARPENTER_BIN, GPUAAS_CAPI_BIN",
      "the local cluster and the chart tests",
      "where the control-plane binaries are; `scripts/setup.sh` writes them to `$GPUAAS_CACHE/env`, and variables "
      "of the same names override that file"),

@@ -5,6 +5,7 @@
 #   $GPUAAS_CACHE/kwok-<version>/kwok, etcd-<version>/etcd  built from the Go module proxy
 #   $GPUAAS_CACHE/helm-<version>/helm                       built from the Go module proxy (for deploy/helm)
 #   $GPUAAS_CACHE/karpenter-<version>/karpenter-kwok, crds/ Karpenter's KWOK controller, from the Go module proxy
+#   $GPUAAS_CACHE/capi-<version>/capi-manager, crds/      Cluster API's core manager, from the Go module proxy
 #   prometheus                                             Debian package
 # A second run checks stamps and does nothing; it takes about a second.
 set -euo pipefail
@@ -122,6 +123,13 @@ build_once "$karpenter_dir" karpenter-kwok \
   "Karpenter $KARPENTER_VERSION (KWOK cloud provider) from sigs.k8s.io/karpenter (first run only: 5-15 min on 2 cores)" \
   "$here/build-karpenter.sh" "$KARPENTER_VERSION"
 
+# Cluster API's core manager, for the node scaler's clusterapi provider end to end (scripts/build-capi.sh: a wrapper
+# module, since the manager's own go.mod replaces its API module with a directory its zip leaves out).
+capi_dir="$CACHE/capi-$CAPI_VERSION"
+build_once "$capi_dir" capi-manager \
+  "Cluster API $CAPI_VERSION core manager from sigs.k8s.io/cluster-api (first run only: 5-15 min on 2 cores)" \
+  "$here/build-capi.sh" "$CAPI_VERSION"
+
 # The harness finds the binaries through this file.
 cat > "$CACHE/env" <<ENV
 GPUAAS_KUBE_BIN=$kube_dir
@@ -129,6 +137,7 @@ GPUAAS_KWOK_BIN=$kwok_dir/kwok
 GPUAAS_ETCD_BIN=$etcd_dir/etcd
 GPUAAS_HELM_BIN=$helm_dir/helm
 GPUAAS_KARPENTER_BIN=$karpenter_dir/karpenter-kwok
+GPUAAS_CAPI_BIN=$capi_dir/capi-manager
 GPUAAS_PROMETHEUS_BIN=$(command -v prometheus)
 GPUAAS_VENV=$venv
 ENV

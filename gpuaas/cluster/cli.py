@@ -33,14 +33,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help=f"pool spec: a YAML file or a built-in name ({', '.join(builtin_pool_specs())}); "
                          "default: %(default)s")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
-    up.add_argument("--provisioner", choices=("none", "karpenter"), default="none",
+    up.add_argument("--provisioner", choices=("none", "karpenter", "clusterapi"), default="none",
                     help="also start a node provisioner: `karpenter` runs Karpenter's KWOK controller (its CRDs, a "
                          "KWOKNodeClass `default`, instance types from the node groups) for the node scaler's "
-                         "karpenter provider (docs/node-autoscaling.md); default: %(default)s")
+                         "karpenter provider; `clusterapi` runs Cluster API's core manager and the test-only KWOK "
+                         "infrastructure provider, with a Cluster `gpuaas` and a MachineDeployment (0 replicas) per "
+                         "node group in namespace `default` for the clusterapi provider (docs/node-autoscaling.md); "
+                         "default: %(default)s")
     up.add_argument("--nodescaler-config", type=Path,
-                    help="with --provisioner karpenter: the node scaler config whose karpenter groups give "
-                         "Karpenter's instance types (default: the pool spec's autoscale pools, each an instance "
-                         "type named after the pool)")
+                    help="with --provisioner karpenter or clusterapi: the node scaler config whose karpenter groups "
+                         "give Karpenter's instance types, or whose clusterapi groups get MachineDeployments "
+                         "(default: the pool spec's autoscale pools, each an instance type or a MachineDeployment "
+                         "named after the pool)")
     up.set_defaults(func=cmd_up)
     status = verbs.add_parser("status", parents=[common], help="show components and nodes")
     status.set_defaults(func=cmd_status)
@@ -60,7 +64,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 2
     cluster = LocalCluster(_workdir(args), name=args.name, owned=False)
     try:
-        groups = _karpenter_groups(args, spec) if args.provisioner == "karpenter" else []
+        groups = _provisioner_groups(args, spec) if args.provisioner != "none" else []
     except (ValueError, OSError) as err:
         print(f"gpuaas cluster up: {err}", file=sys.stderr)
         return 2
@@ -70,6 +74,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             from .karpenter import start_karpenter
 
             start_karpenter(cluster.control_plane, groups, api=cluster.api, timeout=args.timeout)
+        if args.provisioner == "clusterapi":
+            from .clusterapi import start_capi_with_groups
+
+            start_capi_with_groups(cluster.control_plane, cluster.api, groups, timeout=args.timeout)
     except (ToolsMissing, ControlPlaneError, TimeoutError) as err:
         print(f"gpuaas cluster up: {err}", file=sys.stderr)
         cluster.down()
@@ -87,20 +95,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.provisioner == "karpenter":
         types = sorted({g.karpenter.instance_type for g in groups if g.karpenter})
         print(f"  karpenter: KWOKNodeClass default, instance types {', '.join(types) or 'none'}")
+    if args.provisioner == "clusterapi":
+        mds = [f"{g.clusterapi.namespace}/{g.clusterapi.machine_deployment}" for g in groups if g.clusterapi]
+        print(f"  clusterapi: Cluster default/gpuaas, MachineDeployments {', '.join(mds) or 'none'}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     print(f"logs: {cluster.control_plane.logs}")
     return 0
 
 
-def _karpenter_groups(args: argparse.Namespace, spec) -> list:
-    """The node groups whose instance types Karpenter offers: the karpenter groups of --nodescaler-config, or the pool
-    spec's autoscale pools (instance type: the pool's name)."""
+def _provisioner_groups(args: argparse.Namespace, spec) -> list:
+    """The node groups the provisioner serves: the karpenter (clusterapi) groups of --nodescaler-config, or the pool
+    spec's autoscale pools (instance type, MachineDeployment: the pool's name)."""
     from nodescaler.config import NodeGroupConfig, load_nodescaler_config
 
+    section = args.provisioner
     if args.nodescaler_config is not None:
-        return [g for g in load_nodescaler_config(args.nodescaler_config, environ={}).groups if g.karpenter]
-    return [NodeGroupConfig.model_validate({**NodeGroupConfig.from_pool(p).model_dump(), "provider": "karpenter",
-                                            "karpenter": {"instance_type": p.name}})
+        return [g for g in load_nodescaler_config(args.nodescaler_config, environ={}).groups
+                if getattr(g, section) is not None]
+    extra = {"karpenter": {"instance_type": "{}"}, "clusterapi": {"machine_deployment": "{}"}}[section]
+    return [NodeGroupConfig.model_validate({**NodeGroupConfig.from_pool(p).model_dump(), "provider": section,
+                                            section: {k: v.format(p.name) for k, v in extra.items()}})
             for p in spec.pools if p.autoscale]
 
 

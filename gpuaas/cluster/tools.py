@@ -30,6 +30,9 @@ class Tools:
     # Karpenter's KWOK controller (scripts/build-karpenter.sh), its CRDs in `crds/` beside it: for clusters that start
     # Karpenter (gpuaas/cluster/karpenter.py); the control plane runs without it.
     karpenter: Path | None = None
+    # Cluster API's core manager (scripts/build-capi.sh), its CRDs in `crds/` beside it: for clusters that start
+    # Cluster API (gpuaas/cluster/clusterapi.py).
+    capi: Path | None = None
 
     @classmethod
     def locate(cls) -> Tools:
@@ -45,6 +48,7 @@ class Tools:
         prom = env.get("GPUAAS_PROMETHEUS_BIN") or shutil.which("prometheus")
         helm = env.get("GPUAAS_HELM_BIN") or shutil.which("helm")
         karpenter = env.get("GPUAAS_KARPENTER_BIN")
+        capi = env.get("GPUAAS_CAPI_BIN")
         tools = cls(
             kube_apiserver=kube / "kube-apiserver",
             kube_controller_manager=kube / "kube-controller-manager",
@@ -56,6 +60,7 @@ class Tools:
             prometheus=Path(prom) if prom else None,
             helm=Path(helm) if helm else None,
             karpenter=Path(karpenter) if karpenter else None,
+            capi=Path(capi) if capi else None,
         )
         for name in ("kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok", "etcd"):
             path = getattr(tools, name)
