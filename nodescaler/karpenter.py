@@ -42,7 +42,6 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from scoring.gpus import MIG_RESOURCE_PREFIX
@@ -57,6 +56,7 @@ from .provider import (
     ProviderError,
     ProviderStatus,
     Requested,
+    create_each,
 )
 from .snapshot import CLAIM_LABEL
 
@@ -198,32 +198,18 @@ class KarpenterProvider:
 
     # -- Provider --------------------------------------------------------------------------------------------------
     def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
-        from kubernetes.client.rest import ApiException
-
         now = self.clock()
         names = [f"{group.name}-{secrets.token_hex(3)}" for _ in range(count)]
-        errors: list[str] = []
-
-        def create(name: str) -> None:
-            if not self.may_act():
-                errors.append(f"{name}: not created, this replica may not act any more")
-                return
-            try:
-                self.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, render_nodeclaim(group, name, now),
-                                                         _preload_content=False, _request_timeout=self.timeout)
-            except ApiException as err:
-                errors.append(f"{name}: {err.status} {err.reason} {(err.body or '')[:300]}")
-            except Exception as err:  # a timeout: it may exist; `status` reads it back if it does
-                errors.append(f"{name}: {err}")
-
-        with ThreadPoolExecutor(max_workers=min(self.workers, max(1, count))) as pool:
-            list(pool.map(create, names))
+        # (a timed-out create may exist: `status` reads it back if it does)
+        errors = create_each(names, lambda name: self.custom.create_cluster_custom_object(
+            GROUP, VERSION, PLURAL, render_nodeclaim(group, name, now), _preload_content=False,
+            _request_timeout=self.timeout), workers=self.workers, may_act=self.may_act)
         # In flight from now: one Karpenter deletes before the next `status` (insufficient capacity: within a second)
         # is a failure too, not a request that was never seen.
-        failed = {e.split(":", 1)[0] for e in errors}
-        self._in_flight.update({n: group.name for n in names if n not in failed})
+        self._in_flight.update({n: group.name for n in names if n not in errors})
         if errors:
-            raise ProviderError(f"creating {len(errors)} of {count} NodeClaims of {group.name} failed: {errors[0]}")
+            name, why = next(iter(errors.items()))
+            raise ProviderError(f"creating {len(errors)} of {count} NodeClaims of {group.name} failed: {name}: {why}")
         return names
 
     def claim_of(self, node: dict[str, Any]) -> str | None:

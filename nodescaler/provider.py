@@ -142,6 +142,30 @@ class GroupProviders:
             fn(group, name)
 
 
+def create_each(names: list[str], create: Callable[[str], Any], *, workers: int,
+                may_act: Callable[[], bool]) -> dict[str, str]:
+    """Run `create(name)` for every name, up to `workers` at once, each only while `may_act()` holds (the grow of the
+    providers whose requests are objects they create one by one). Returns name -> why its create failed."""
+    from kubernetes.client.rest import ApiException
+
+    errors: dict[str, str] = {}
+
+    def one(name: str) -> None:
+        if not may_act():
+            errors[name] = "not created, this replica may not act any more"
+            return
+        try:
+            create(name)
+        except ApiException as err:
+            errors[name] = f"{err.status} {err.reason} {(err.body or '')[:300]}".rstrip()
+        except Exception as err:  # a timeout: it may exist (a provider with `status` reads it back)
+            errors[name] = str(err)
+
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(names)))) as pool:
+        list(pool.map(one, names))
+    return errors
+
+
 def kwok_node(node: dict[str, Any]) -> dict[str, Any]:
     """`node` (a provider-neutral Node object of runtime/pools.node_objects) made one kwok plays, in place: the
     annotation kwok selects its nodes by, the `type: kwok` label (a pool's own `type` label wins), the TTL annotation
@@ -192,26 +216,14 @@ class KwokProvider:
         self.may_act = may_act
 
     def grow(self, group: NodeGroupConfig, count: int) -> list[str]:
-        from kubernetes.client.rest import ApiException
-
         now = self.clock()
         names = [f"{group.name}-{secrets.token_hex(3)}" for _ in range(count)]
-        errors: list[str] = []
-
-        def create(name: str) -> None:
-            if not self.may_act():
-                errors.append(f"{name}: not created, this replica may not act any more")
-                return
-            try:
-                self.core.create_node(render_node(group, name, now), _preload_content=False,
-                                      _request_timeout=self.timeout)
-            except ApiException as err:
-                errors.append(f"{name}: {err.status} {err.reason}")
-
-        with ThreadPoolExecutor(max_workers=min(self.workers, max(1, count))) as pool:
-            list(pool.map(create, names))
+        errors = create_each(names, lambda name: self.core.create_node(
+            render_node(group, name, now), _preload_content=False, _request_timeout=self.timeout),
+            workers=self.workers, may_act=self.may_act)
         if errors:
-            raise ProviderError(f"creating {len(errors)} of {count} nodes of {group.name} failed: {errors[0]}")
+            name, why = next(iter(errors.items()))
+            raise ProviderError(f"creating {len(errors)} of {count} nodes of {group.name} failed: {name}: {why}")
         return names
 
     def delete_node(self, group: NodeGroupConfig, name: str) -> None:
