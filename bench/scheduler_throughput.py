@@ -39,6 +39,7 @@ from typing import Any
 
 from kubernetes import client
 
+from extender.config import ENV_PREFIX
 from extender.schedconfig import extender_entries, gpuaas_profile
 from gpuaas.cluster.components import extender_process
 from gpuaas.cluster.local import LocalCluster
@@ -132,7 +133,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
     """`config`: one of CONFIGS. `cpu_entry`: with the CPU-pod entry as deploy/ ships it
     (extender.schedconfig.cpu_pods_entry) beside the GPU pods' entry. `all_pods`: every pod through the GPU entry's
     filter, prioritize and bind instead (the other scheme). `cpu_share`: this fraction of the pods asks for no GPU
-    (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender (GPUAAS_EXTENDER_KEY)."""
+    (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment."""
     with_extender = config == "extender"
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
@@ -147,7 +148,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                 profile["percentageOfNodesToScore"] = sample_percent
             profiles = [profile]
         cluster = LocalCluster(workdir, name="tput", extenders=extenders, scheduler_profiles=profiles)
-        env = {f"GPUAAS_EXTENDER_{k.upper()}": v for k, v in (o.split("=", 1) for o in extender_options or [])}
+        env = {f"{ENV_PREFIX}{k.upper()}": v for k, v in (o.split("=", 1) for o in extender_options or [])}
         ext = extender_process(workdir, cluster.kubeconfig, port=port, env=env) if with_extender else None
         try:
             cluster.up(parse_pool_spec(pools(nodes)), timeout=300)
@@ -298,7 +299,7 @@ def main() -> None:
     parser.add_argument("--cpu-only-share", type=float, default=0.0,
                         help="fraction of the pods that ask for no GPU (default 0: GPU pods only)")
     parser.add_argument("--extender-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an extender setting (e.g. queue_planning_min_pods=0), as GPUAAS_EXTENDER_KEY")
+                        help="an extender setting (e.g. queue_planning_min_pods=0), passed in its environment")
     parser.add_argument("--cpu-pods-entry", action="store_true",
                         help="instead: the extender with the GPU entry alone, with the CPU-pod entry (as deploy/ "
                              "ships it) and with every pod through the GPU entry (all_pods), same pods, --repeats "
