@@ -190,7 +190,7 @@ class Stack:
             self.replayers[svc.name] = Replayer(api, INFERENCE_NS, svc.name,
                                                 service_arrivals(s.trace, svc, speed=s.speed, duration_s=s.duration_s),
                                                 model=model)
-        self.dcgm = DcgmExporter(api, utilization=replayer_utilization(self.replayers))
+        self.dcgm = DcgmExporter(api, utilization=replayer_utilization(self.replayers), poll_s=2.0)
         autoscaler_port = free_port()  # its /metrics: the idle-GPU gauges
         self.prometheus = PrometheusServer(self.workdir, targets=[f"127.0.0.1:{r.port}" for r in
                                                                   self.replayers.values()]
