@@ -3,6 +3,8 @@ its template (scoring.draclaims.pod_dra) is the demand the pod was made for, as 
 (docs/devices.md, "What a user writes in DRA mode")."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuaas.workloads import dra_claim_template, dra_pod_for_demand, dra_template_name
@@ -29,7 +31,7 @@ def test_the_pod_and_its_template_read_back_as_the_demand(demand):
     assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["requests"]
     assert tuple(gates(pod)) == (GANG_GATE,)
     read = pod_dra(pod, {}, {f"ml/{template['metadata']['name']}": template})
-    assert read is not None and read.demand == demand
+    assert read is not None and read.demand == dataclasses.replace(demand, claims=True)  # asked through a claim
     assert read.missing  # the claim itself is kube-controller-manager's to generate
 
 
