@@ -96,6 +96,7 @@ class ClusterView:
         self.parse_errors = 0
         self.dra = DraView()
         self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
+        self._rebuilding = False  # re-placing everything: the policy's node tables are made once, at the end
 
     # ---- informer events -------------------------------------------------------------------------------------------
     def on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -245,20 +246,33 @@ class ClusterView:
     def _rebuild(self) -> None:
         self._new_arrivals = 0
         self.state = ClusterState(sorted(self.specs.values(), key=lambda s: s.name))
-        self.policy = make_policy(self.policy_name, self.state, self.workload())
+        workload = self.workload()
+        # A policy for the device choices below (they read the state, not the policy's tables).
+        self.policy = make_policy(self.policy_name, self.state, workload)
         self.rebuilds += 1
         self._dirty = False
         old, old_assumed = self.placements, self.assumed
         self.placements, self.assumed = {}, {}
-        # Re-place what was held: confirmed pods first (the apiserver's truth), then live assumptions.
-        for key, bound in self.pods.items():
-            self._place(bound, keep_assumed=old.get(key))
-        for key, placement in old.items():
-            if key not in self.placements and key in old_assumed:
-                self.assume(key, placement.node, placement.demand, placement.devices)
-        self._held = {}
-        for key, holds in self.dra.holds.items():
-            self._hold(key, holds)
+        # Refreshing a node's tables after each pod re-placed made a rebuild cost O(pods x shapes) (extender_model).
+        self._rebuilding = True
+        try:
+            # Re-place what was held: confirmed pods first (the apiserver's truth), then live assumptions.
+            for key, bound in self.pods.items():
+                self._place(bound, keep_assumed=old.get(key))
+            for key, placement in old.items():
+                if key not in self.placements and key in old_assumed:
+                    self.assume(key, placement.node, placement.demand, placement.devices)
+            self._held = {}
+            for key, holds in self.dra.holds.items():
+                self._hold(key, holds)
+        finally:
+            self._rebuilding = False
+        self.policy = make_policy(self.policy_name, self.state, workload)  # tables of the filled model
+
+    def _observe(self, policy: Policy, node: int) -> None:
+        """The policy's tables follow a node whose usage changed (not while a rebuild re-places everything)."""
+        if not self._rebuilding:
+            policy.observe(node)
 
     # ---- DRA: what allocated claims hold ---------------------------------------------------------------------------
     def _respec(self, names: set[str]) -> None:
@@ -302,7 +316,7 @@ class ClusterView:
                 log.warning("cannot account claim %s on %s %s: %s", key, h.node, h.device, err)
                 continue
             placed.append(h)
-            self.policy.observe(row)
+            self._observe(self.policy, row)
         if placed:
             self._held[key] = placed
 
@@ -313,7 +327,7 @@ class ClusterView:
             row = self.state.index.get(h.node)
             if row is not None:
                 self.state.remove(row, h.demand, (h.gpu,))
-                self.policy.observe(row)
+                self._observe(self.policy, row)
 
     def _place(self, bound: BoundPod, keep_assumed: Placement | None = None) -> None:
         if self.state is None or self.policy is None or self._dirty:
@@ -334,7 +348,7 @@ class ClusterView:
             log.warning("cannot account %s on %s%s: %s", bound.key, bound.node, list(devices or ()), err)
             return
         self.placements[bound.key] = Placement(bound.node, bound.demand, tuple(devices))
-        self.policy.observe(node)
+        self._observe(self.policy, node)
 
     def _unplace(self, key: str) -> None:
         self.assumed.pop(key, None)
@@ -345,7 +359,7 @@ class ClusterView:
         if node is None:
             return
         self.state.remove(node, placement.demand, placement.devices)
-        self.policy.observe(node)
+        self._observe(self.policy, node)
 
     def assume(self, key: str, node_name: str, demand: PodDemand, devices: tuple[int, ...]) -> None:
         """Hold `devices` on `node_name` for a pod this extender is binding, until the watch confirms it."""
@@ -355,7 +369,7 @@ class ClusterView:
         state.place(node, demand, devices)
         self.placements[key] = Placement(node_name, demand, tuple(devices))
         self.assumed[key] = self.clock() + self.assume_ttl
-        policy.observe(node)
+        self._observe(policy, node)
 
     def renew(self, key: str) -> Placement | None:
         """Keep the GPUs held for a pod being bound where they are held, when they would be held again as they are:

@@ -229,6 +229,19 @@ def resolve_mig_layout(model: GpuModel, layout: str | Mapping[str, int]) -> tupl
     Among all valid placements, the one that leaves the most usable room for later instances wins (e.g. 5 x 1g.10gb +
     1g.20gb puts the 1g.20gb at slices 6-7, keeping slice 5 free for another 1g rather than stranding slice 7); ties go
     to the lowest starts."""
+    key = layout if isinstance(layout, str) else tuple(dict(layout).items())
+    try:
+        return _resolve_mig_layout_cached(model, key)  # every GPU of a MIG pool, at every model rebuild
+    except TypeError:  # a count that cannot be hashed: the uncached path names it
+        return _resolve_mig_layout(model, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_mig_layout_cached(model: GpuModel, layout: str | tuple[tuple[str, int], ...]) -> tuple[MigPlacement, ...]:
+    return _resolve_mig_layout(model, layout)
+
+
+def _resolve_mig_layout(model: GpuModel, layout: str | tuple[tuple[str, int], ...]) -> tuple[MigPlacement, ...]:
     if isinstance(layout, str):
         configs = mig_configs_for(model)
         if layout not in configs:

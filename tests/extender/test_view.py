@@ -65,6 +65,35 @@ def test_node_heartbeats_do_not_rebuild_the_model():
     assert view.rebuilds == 1
 
 
+def test_a_rebuilt_model_scores_as_one_that_took_its_pods_one_by_one():
+    """A rebuild re-places every pod and only then makes the policy's node tables (once, not after each pod): its
+    scores are those of a model that took the same pods one by one."""
+    import numpy as np
+
+    pods = [bound(pending("a", gpus=4), "a100-0001", "2,3,4,5"), bound(pending("b", gpus=1), "a100-0000"),
+            bound(pending("c", gpus=2), "a100-0002", "0,1")]
+    view = view_with_nodes()
+    for p in pods:
+        view.on_change("Pod", None, p)
+    view.snapshot()
+    gone = nodes()[-1]
+    view.on_change("Node", gone, None)  # a node removed: the model is rebuilt
+    state, policy = view.snapshot()
+    assert view.rebuilds == 2
+
+    fresh = ClusterView("gpuaas", assume_ttl=30, clock=Clock())
+    for n in nodes()[:-1]:
+        fresh.on_change("Node", None, n)
+    fresh.snapshot()
+    for p in pods:  # into the built model: each pod placed and its node's tables refreshed, one by one
+        fresh.on_change("Pod", None, p)
+    fresh_state, fresh_policy = fresh.snapshot()
+    demand = view.demand(pending("next", gpus=2))
+    everywhere = np.ones(len(state), dtype=bool)
+    assert np.array_equal(state.gpu_left, fresh_state.gpu_left)
+    assert np.array_equal(policy.score(state, demand, everywhere), fresh_policy.score(fresh_state, demand, everywhere))
+
+
 def test_assumption_is_kept_until_confirmed_and_dropped_after_its_ttl(clock):
     view = view_with_nodes(clock)
     _state, _ = view.snapshot()
