@@ -31,6 +31,7 @@ from tests.deploy.manifests import DEPLOY
 from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch, failed_scheduling_times, fifo_latencies
 
 from .kube import wait_for
+from .nodegroups import group_nodes, pdb, running
 
 POOLS = {"pools": [
     {"name": "a100", "count": 4, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"},
@@ -104,13 +105,6 @@ def pods_in(api, namespace, selector=None):
     return client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
 
 
-def running(api, namespace, selector=None) -> int:
-    return sum(1 for p in pods_in(api, namespace, selector)
-               if p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
-
-
-def group_nodes(api, group: str) -> list:
-    return client.CoreV1Api(api).list_node(label_selector=f"{POOL_LABEL}={group}").items
 
 
 def only_on_new_a100x8(pod: dict) -> dict:
@@ -121,10 +115,6 @@ def only_on_new_a100x8(pod: dict) -> dict:
 def reconciles(proc: ComponentProcess) -> int:
     return json.loads(get(proc, "/leader"))["reconciles"]
 
-
-def pdb(namespace: str, app: str, min_available: int) -> dict:
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app, "namespace": namespace},
-            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}}
 
 
 def test_fifty_eight_gpu_pods_grow_the_cheapest_fitting_group_then_idle_nodes_go_without_breaking_the_pdb(env, ns):

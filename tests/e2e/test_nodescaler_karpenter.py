@@ -33,6 +33,7 @@ from tests.deploy.manifests import DEPLOY
 from tests.nodescaler.checks import NodeDeletionWatch, PdbWatch
 
 from .kube import wait_for
+from .nodegroups import group_nodes, only_groups, pdb, running
 
 PODS = int(os.environ.get("GPUAAS_E2E_KARPENTER_PODS", "50"))
 A100X8 = {"gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}
@@ -128,24 +129,8 @@ def claims(api, group: str | None = None) -> list[dict]:
     return json.loads(raw.data)["items"]
 
 
-def group_nodes(api, group: str) -> list:
-    return client.CoreV1Api(api).list_node(label_selector=f"{POOL_LABEL}={group}").items
 
 
-def running(api, namespace, selector=None) -> int:
-    return sum(1 for p in client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
-               if p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
-
-
-def pdb(namespace: str, app: str, min_available: int) -> dict:
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app, "namespace": namespace},
-            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}}
-
-
-def only_groups(pod_spec: dict, *groups: str) -> dict:
-    pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": list(groups)}]}]}}}
-    return pod_spec
 
 
 def test_eight_gpu_pods_become_nodeclaims_karpenter_launches_and_idle_nodes_go_through_gpuaas_drains(env, ns):
