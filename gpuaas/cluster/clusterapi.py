@@ -29,8 +29,6 @@ import logging
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +42,7 @@ from nodescaler.provider import kwok_node
 
 from .controlplane import ControlPlane, ControlPlaneError
 from .pki import issue_serving_cert
-from .process import free_port
+from .process import answers_ok, free_port
 from .tools import ToolsMissing
 
 log = logging.getLogger("gpuaas.cluster.clusterapi")
@@ -213,11 +211,7 @@ class ClusterAPI:
         return self.control_plane.logs / f"{NAME}.log"
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, OSError):
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     def stop(self) -> None:
         cp = self.control_plane

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -31,7 +30,7 @@ from kubernetes.client.rest import ApiException
 from nodescaler.config import NodeGroupConfig
 
 from .controlplane import ControlPlane, ControlPlaneError
-from .process import free_port
+from .process import answers_ok, free_port
 from .tools import ToolsMissing
 
 NAME = "karpenter"
@@ -109,11 +108,7 @@ class Karpenter:
         return self.control_plane.logs / f"{NAME}.log"
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, OSError):
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:

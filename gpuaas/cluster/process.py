@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 
@@ -87,3 +89,12 @@ def terminate(pid: int, argv0: str, *, popen: subprocess.Popen | None = None, gr
                 os.killpg(pid, signal.SIGKILL)
     if popen is not None:
         popen.wait(timeout=10)
+
+
+def answers_ok(url: str, timeout: float = 2.0) -> bool:
+    """A component's health endpoint answers 200 (not up, refusing or slow: False)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False

@@ -14,14 +14,12 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from .controlplane import ControlPlaneError
-from .process import free_port, process_alive, spawn, terminate
+from .process import answers_ok, free_port, process_alive, spawn, terminate
 from .tools import Tools
 
 
@@ -100,11 +98,7 @@ class PrometheusServer:
         raise ControlPlaneError(f"prometheus not ready after {timeout:.0f}s; see {self.log}")
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return False
+        return answers_ok(f"{self.url}/-/ready")
 
     @property
     def running(self) -> bool:
