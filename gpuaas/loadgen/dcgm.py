@@ -21,12 +21,12 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from scoring.idle import pod_gpus
 from scoring.kubeobjects import ObjectError, assigned_devices, holds_resources
 
+from .endpoint import MetricsEndpoint
 from .replayer import Replayer
 
 log = logging.getLogger("gpuaas.loadgen.dcgm")
@@ -106,35 +106,13 @@ class DcgmExporter:
         self.core = client.CoreV1Api(api)
         self.utilization = utilization
         self.poll_s = poll_s
-        self.pods: list[dict] = []
+        self.pods: list[Mapping[str, Any]] = []
         self.stop_event = threading.Event()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # http.server's name for the GET handler
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served")
-                    return
-                body = render_dcgm(exporter.pods, exporter.utilization).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    log.warning("dcgm: the scraper hung up before /metrics was sent")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self._threads: list[threading.Thread] = []
+        self.endpoint = MetricsEndpoint(lambda: render_dcgm(self.pods, self.utilization), name="dcgm", port=port)
 
     @property
     def port(self) -> int:
-        return self.server.server_address[1]
+        return self.endpoint.port
 
     def refresh(self) -> None:
         # The JSON as it comes: deserializing every pod into the client's models and back costs the demo's process,
@@ -153,16 +131,9 @@ class DcgmExporter:
 
     def start(self) -> DcgmExporter:
         self.refresh()
-        for target in (self.server.serve_forever, self._poll):
-            th = threading.Thread(target=target, daemon=True, name=f"dcgm-{target.__name__}")
-            th.start()
-            self._threads.append(th)
+        self.endpoint.start(self._poll)
         return self
 
     def stop(self) -> None:
         self.stop_event.set()
-        if self._threads:
-            self.server.shutdown()
-        self.server.server_close()
-        for th in self._threads:
-            th.join(timeout=5)
+        self.endpoint.stop()

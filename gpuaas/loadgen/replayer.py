@@ -18,8 +18,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from .endpoint import MetricsEndpoint
 from .serving import ServiceModel, ServingSystem
 from .trace import Arrival
 
@@ -72,34 +72,15 @@ class Replayer:
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.t0: float | None = None
-        replayer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # http.server's name for the GET handler
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served")
-                    return
-                with replayer.lock:
-                    body = render_metrics(replayer.system, replayer.namespace, replayer.deployment).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    log.warning("replayer: the scraper hung up before /metrics was sent (its scrape timeout)")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self._threads: list[threading.Thread] = []
+        self.endpoint = MetricsEndpoint(self._render, name="replayer", port=port)
 
     @property
     def port(self) -> int:
-        return self.server.server_address[1]
+        return self.endpoint.port
+
+    def _render(self) -> str:
+        with self.lock:
+            return render_metrics(self.system, self.namespace, self.deployment)
 
     def now(self) -> float:
         assert self.t0 is not None
@@ -141,19 +122,12 @@ class Replayer:
         begins), instead of after a cold start."""
         self.t0 = self.clock()
         self.sync_pods(cold_start_s=0.0 if warm else None)
-        for target in (self.server.serve_forever, self._drive):
-            th = threading.Thread(target=target, daemon=True, name=f"replayer-{target.__name__}")
-            th.start()
-            self._threads.append(th)
+        self.endpoint.start(self._drive)
         return self
 
     def stop(self) -> None:
         self.stop_event.set()
-        if self._threads:  # shutdown() waits for serve_forever, which a replayer that never started does not run
-            self.server.shutdown()
-        self.server.server_close()
-        for th in self._threads:
-            th.join(timeout=5)
+        self.endpoint.stop()
 
     def __enter__(self) -> Replayer:
         return self.start()
