@@ -45,8 +45,10 @@ CA = "capacity.cluster-autoscaler.kubernetes.io/"
 
 
 def cgroup(name: str, template: dict, cost: float, **kw) -> dict:
-    return {"name": name, "template": template, "max_size": 40, "cost_per_hour": cost, "max_provision_s": 120,
-            "provider": "clusterapi", "clusterapi": {"namespace": NS, "machine_deployment": f"md-{name}"}, **kw}
+    # Room for every pod in the cheapest group: the scale-in check counts that group's Machines.
+    return {"name": name, "template": template, "max_size": max(40, PODS), "cost_per_hour": cost,
+            "max_provision_s": 120, "provider": "clusterapi",
+            "clusterapi": {"namespace": NS, "machine_deployment": f"md-{name}"}, **kw}
 
 
 GROUPS = {
