@@ -6,7 +6,10 @@ Binding costs is the HTTP client's, not measured here). CPU time (time.process_t
 excluded; and a digest of every pod's node and devices, which must not change when the hot path is made cheaper.
 `--queue-planning-min-pods 16` (the shipped default) plans the pods still waiting jointly every 2 s, as the extender
 does in a burst; 0 places each pod on its own.
-Usage: python bench/extender_cpu.py [--nodes 1000] [--pods 600] [--queue-planning-min-pods 0]"""
+`--cpu-pods-entry --cpu-only-share 0.3`: the schemes for pods that ask for no GPU (docs/extender.md) on the same pods,
+`--repeats` rounds interleaved: the extender's own CPU per pod in each and the calls kube-scheduler would make per pod.
+Usage: python bench/extender_cpu.py [--nodes 1000] [--pods 600] [--queue-planning-min-pods 0]
+       python bench/extender_cpu.py --nodes 300 --pods 1500 --cpu-only-share 0.3 --cpu-pods-entry"""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +18,7 @@ import copy
 import hashlib
 import json
 import random
+import statistics
 import time
 from typing import Any
 
@@ -40,21 +44,37 @@ def fleet(nodes: int) -> list[dict[str, Any]]:
          "memory": "1Ti"}]}))
 
 
-async def run(nodes: int, pods: int, min_pods: int, seed: int) -> dict[str, Any]:
-    node_objs = fleet(nodes)
-    names = [n["metadata"]["name"] for n in node_objs]
+SCHEMES = ("gpu_entry_only", "cpu_pods_entry", "all_pods")
+
+
+def make_pods(pods: int, seed: int, cpu_only_share: float) -> list[tuple[bool, dict[str, Any]]]:
+    """(asks for no GPU, the pod); with cpu_only_share 0 the same pods as before the share existed."""
     rng = random.Random(seed)
-    pending = []
+    out = []
     for i in range(pods):
-        pod = gpu_pod(f"p{i:05d}", "tput", gpus=rng.choice((1, 1, 2, 4)), cpu="1", memory="1Gi")
+        cpu_only = cpu_only_share > 0 and rng.random() < cpu_only_share
+        pod = (gpu_pod(f"p{i:05d}", "tput", gpus=0, cpu="4", memory="1Gi") if cpu_only else
+               gpu_pod(f"p{i:05d}", "tput", gpus=rng.choice((1, 1, 2, 4)), cpu="1", memory="1Gi"))
         pod["metadata"]["uid"] = f"uid-{i}"
         pod["status"] = {"phase": "Pending"}
-        pending.append(pod)
+        out.append((cpu_only, pod))
+    return out
+
+
+async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gpu_entry_only",
+              cpu_only_share: float = 0.0) -> dict[str, Any]:
+    """`scheme`, for pods that ask for no GPU (docs/extender.md, "Pods that ask for no GPU"): gpu_entry_only (they
+    never reach the extender; kube-scheduler puts them on the nodes in turn here), cpu_pods_entry (they get the CPU-pod
+    entry's prioritize, and every GPU pod its empty answer too) or all_pods (filter, prioritize and bind, as GPU
+    pods). Calls per pod are the HTTP requests kube-scheduler would make to the extender."""
+    node_objs = fleet(nodes)
+    names = [n["metadata"]["name"] for n in node_objs]
+    pending = make_pods(pods, seed, cpu_only_share)
     app = snapshot_app(ExtenderConfig(queue_planning_min_pods=min_pods), [{"kind": "Node", **n} for n in node_objs])
     svc, encoder = app[SERVICE], app[PRIORITY_ENCODER]
     view = svc.view
-    store = {p["metadata"]["name"]: p for p in pending}
-    for p in pending:
+    store = {p["metadata"]["name"]: p for _, p in pending}
+    for _, p in pending:
         view.on_change("Pod", None, p)
 
     async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
@@ -62,31 +82,57 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int) -> dict[str, Any]
 
     svc.pod_lookup, svc.binder = lookup, AcceptingBinder()
     view.snapshot()
-    cpu = dict.fromkeys(("filter", "prioritize", "bind", "watch_events"), 0.0)
+    stages = ["filter", "prioritize", "bind", "watch_events"]
+    if scheme == "cpu_pods_entry":
+        stages += ["cpu_prioritize_gpu_pod", "cpu_prioritize_cpu_pod"]
+    cpu = dict.fromkeys(stages, 0.0)
+    calls = 0
     placed: list[Any] = []
-    for i, pod in enumerate(pending):
-        c0 = time.process_time()
-        args = ExtenderArgs.model_validate(orjson.loads(orjson.dumps({"Pod": pod, "NodeNames": names, "Nodes": None})))
-        reply = orjson.dumps(dict(svc.filter(args)))
-        c1 = time.process_time()
-        feasible = orjson.loads(reply)["NodeNames"]
-        if not feasible:
-            placed.append(None)
-            continue
-        body = orjson.dumps({"Pod": pod, "NodeNames": feasible, "Nodes": None})
-        c2 = time.process_time()
-        scored = svc.prioritize(ExtenderArgs.model_validate(orjson.loads(body)))
-        reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
-        c3 = time.process_time()
-        best = max(orjson.loads(reply), key=lambda e: e["Score"])["Host"]
-        body = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": "tput",
-                             "PodUID": pod["metadata"]["uid"], "Node": best})
-        c4 = time.process_time()
-        result = await svc.bind(ExtenderBindingArgs.model_validate(orjson.loads(body)))
-        orjson.dumps(dict(result))
-        c5 = time.process_time()
-        if result.Error:
-            raise RuntimeError(f"bind of {pod['metadata']['name']} to {best}: {result.Error}")
+    for i, (cpu_only, pod) in enumerate(pending):
+        spent = dict.fromkeys(stages, 0.0)
+        if cpu_only and scheme != "all_pods":
+            best = names[i % len(names)]
+            if scheme == "cpu_pods_entry":
+                c0 = time.process_time()
+                body = orjson.dumps({"Pod": pod, "NodeNames": names, "Nodes": None})
+                scored = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
+                reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
+                spent["cpu_prioritize_cpu_pod"] = time.process_time() - c0
+                best = max(orjson.loads(reply), key=lambda e: e["Score"])["Host"]
+                calls += 1
+        else:
+            c0 = time.process_time()
+            args = ExtenderArgs.model_validate(orjson.loads(orjson.dumps({"Pod": pod, "NodeNames": names,
+                                                                          "Nodes": None})))
+            reply = orjson.dumps(dict(svc.filter(args)))
+            c1 = time.process_time()
+            calls += 1
+            feasible = orjson.loads(reply)["NodeNames"]
+            if not feasible:
+                placed.append(None)
+                continue
+            body = orjson.dumps({"Pod": pod, "NodeNames": feasible, "Nodes": None})
+            c2 = time.process_time()
+            scored = svc.prioritize(ExtenderArgs.model_validate(orjson.loads(body)))
+            reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
+            c3 = time.process_time()
+            calls += 1
+            if scheme == "cpu_pods_entry":  # the CPU-pod entry is called beside the GPU entry's prioritize
+                empty = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
+                assert not empty.names
+                spent["cpu_prioritize_gpu_pod"] = time.process_time() - c3
+                calls += 1
+            best = max(orjson.loads(reply), key=lambda e: e["Score"])["Host"]
+            body = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": "tput",
+                                 "PodUID": pod["metadata"]["uid"], "Node": best})
+            c4 = time.process_time()
+            result = await svc.bind(ExtenderBindingArgs.model_validate(orjson.loads(body)))
+            orjson.dumps(dict(result))
+            c5 = time.process_time()
+            calls += 1
+            if result.Error:
+                raise RuntimeError(f"bind of {pod['metadata']['name']} to {best}: {result.Error}")
+            spent.update(filter=c1 - c0, prioritize=c3 - c2, bind=c5 - c4)
         bound = copy.deepcopy(pod)
         bound["spec"]["nodeName"] = best
         running = copy.deepcopy(bound)
@@ -94,21 +140,45 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int) -> dict[str, Any]
         c6 = time.process_time()
         view.on_change("Pod", pod, bound)
         view.on_change("Pod", bound, running)
-        c7 = time.process_time()
+        spent["watch_events"] = time.process_time() - c6
         if i >= 20:
-            for stage, spent in (("filter", c1 - c0), ("prioritize", c3 - c2), ("bind", c5 - c4),
-                                 ("watch_events", c7 - c6)):
-                cpu[stage] += spent
+            for stage, t in spent.items():
+                cpu[stage] += t
         placed.append((best, view.placements[f"tput/{pod['metadata']['name']}"].devices))
     counted = max(1, pods - 20)
     per_pod = {k: round(1000 * v / counted, 3) for k, v in cpu.items()}
-    return {"bench": "extender_cpu", "nodes": nodes, "pods": pods, "queue_planning_min_pods": min_pods,
-            "cpu_ms_per_pod": per_pod, "cpu_ms_per_pod_total": round(sum(per_pod.values()), 3),
-            "target_ms": 1.0,
-            "queue_plan_seconds": round(svc.metrics.registry.get_sample_value("gpuaas_extender_queue_plan_seconds_sum")
-                                        or 0.0, 3),
-            "placements_digest": hashlib.sha1(repr(placed).encode()).hexdigest()[:12],
-            "bound": sum(p is not None for p in placed)}
+    out = {"bench": "extender_cpu", "nodes": nodes, "pods": pods, "queue_planning_min_pods": min_pods,
+           "cpu_ms_per_pod": per_pod, "cpu_ms_per_pod_total": round(sum(per_pod.values()), 3),
+           "target_ms": 1.0,
+           "queue_plan_seconds": round(svc.metrics.registry.get_sample_value("gpuaas_extender_queue_plan_seconds_sum")
+                                       or 0.0, 3),
+           "placements_digest": hashlib.sha1(repr(placed).encode()).hexdigest()[:12],
+           "bound": sum(p is not None for p in placed)}
+    if cpu_only_share > 0:
+        out.update(scheme=scheme, cpu_only_pods=sum(c for c, _ in pending),
+                   extender_calls_per_pod=round(calls / pods, 3))
+    return out
+
+
+def compare_schemes(nodes: int, pods: int, min_pods: int, seed: int, cpu_only_share: float,
+                    repeats: int) -> dict[str, Any]:
+    """The three schemes on the same pods, `repeats` rounds interleaved; the median CPU per pod of each."""
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCHEMES}
+    for r in range(repeats):
+        for k in range(len(SCHEMES)):
+            scheme = SCHEMES[(r + k) % len(SCHEMES)]
+            runs[scheme].append(asyncio.run(run(nodes, pods, min_pods, seed, scheme, cpu_only_share)))
+    out: dict[str, Any] = {"bench": "extender_cpu", "comparison": "cpu_pods_entry", "nodes": nodes, "pods": pods,
+                           "cpu_only_share": cpu_only_share, "queue_planning_min_pods": min_pods,
+                           "repeats": repeats}
+    for scheme, rs in runs.items():
+        totals = sorted(r["cpu_ms_per_pod_total"] for r in rs)
+        out[scheme] = {"cpu_ms_per_pod_total": statistics.median(totals), "range": [totals[0], totals[-1]],
+                       "extender_calls_per_pod": rs[0]["extender_calls_per_pod"],
+                       "cpu_ms_per_pod": {k: statistics.median(r["cpu_ms_per_pod"][k] for r in rs)
+                                          for k in rs[0]["cpu_ms_per_pod"]},
+                       "placements_digest": sorted({r["placements_digest"] for r in rs})}
+    return out
 
 
 def main() -> None:
@@ -117,8 +187,20 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=600)
     parser.add_argument("--queue-planning-min-pods", type=int, default=0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cpu-only-share", type=float, default=0.0,
+                        help="with --cpu-pods-entry: the fraction of pods that ask for no GPU")
+    parser.add_argument("--cpu-pods-entry", action="store_true",
+                        help="instead: the three schemes for CPU-only pods on the same pods, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of --cpu-pods-entry")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.nodes, args.pods, args.queue_planning_min_pods, args.seed)), indent=2))
+    if args.cpu_pods_entry:
+        if not 0 < args.cpu_only_share < 1:
+            parser.error("--cpu-pods-entry needs --cpu-only-share between 0 and 1 (e.g. 0.3)")
+        out = compare_schemes(args.nodes, args.pods, args.queue_planning_min_pods, args.seed, args.cpu_only_share,
+                              args.repeats)
+    else:
+        out = asyncio.run(run(args.nodes, args.pods, args.queue_planning_min_pods, args.seed))
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

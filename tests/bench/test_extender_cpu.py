@@ -1,0 +1,33 @@
+"""bench/extender_cpu.py's comparison of the schemes for pods that ask for no GPU: the calls kube-scheduler would make
+per pod in each, and that the CPU-pod entry is what places such pods."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.extender_cpu import SCHEMES, make_pods, run
+
+
+def test_without_cpu_only_pods_the_pods_are_those_the_bench_always_drew():
+    pods = make_pods(30, 1, 0.0)
+    assert not any(cpu_only for cpu_only, _ in pods)
+    assert make_pods(30, 1, 0.0) == pods
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_scheme_binds_every_pod_and_counts_its_calls(scheme):
+    out = asyncio.run(run(20, 60, 0, 3, scheme, 0.3))
+    cpu_only = out["cpu_only_pods"]
+    gpu = 60 - cpu_only
+    assert 0 < cpu_only < 60
+    assert out["bound"] == 60
+    calls = {"gpu_entry_only": 3 * gpu, "cpu_pods_entry": 60 + 3 * gpu, "all_pods": 3 * 60}[scheme]
+    assert out["extender_calls_per_pod"] == round(calls / 60, 3)
+
+
+def test_the_cpu_pod_entry_places_cpu_only_pods_where_gpuaas_ranks_them():
+    # gpu_entry_only leaves them to kube-scheduler (here: the nodes in turn); the other two rank them.
+    digests = {s: asyncio.run(run(20, 60, 0, 3, s, 0.3))["placements_digest"] for s in SCHEMES}
+    assert digests["cpu_pods_entry"] != digests["gpu_entry_only"]
+    assert digests["cpu_pods_entry"] == digests["all_pods"]
