@@ -33,11 +33,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Protocol
 
 from urllib3.exceptions import HTTPError
 
-from scoring.dra import FINALIZER
+from scoring.dra import FINALIZER, allocated_devices
 from scoring.draclaims import (
     ALLOCATED_FOR_ANNOTATION,
     PodDra,
@@ -48,7 +49,16 @@ from scoring.draclaims import (
     read_claim,
     same_root_count,
 )
-from scoring.dramodel import DeviceAssigner, DraModel, dra_cluster, dra_model, same_root_nodes
+from scoring.dramodel import (
+    DeviceAssigner,
+    DraCluster,
+    DraModel,
+    dra_cluster,
+    dra_cluster_of,
+    dra_model,
+    same_root_nodes,
+)
+from scoring.draview import DraParsed
 from scoring.gangs import GANG_GATE, GROUP_LABELS, RELEASED_ANNOTATION, GangDecision, NodeFacts, gates
 from scoring.kubeobjects import ObjectError, pod_key
 from scoring.model import ClusterState
@@ -100,12 +110,15 @@ class ClaimWriter(Protocol):
 @dataclass(frozen=True)
 class DraInputs:
     """What a round reads besides the model, nodes and pods: the informers' ResourceSlices and ResourceClaims, the
-    Node objects by name, and the uids of the pods that exist and are not finished."""
+    Node objects by name, and the uids of the pods that exist and are not finished. `parsed`: the slices and the
+    claims' allocations as the live view read them when they changed (scoring.draview.DraView.parsed), so that a
+    round reads again only the claims of the pods it places; without it the round reads every slice and claim."""
 
     slices: Sequence[Obj]
     claims: Sequence[Obj]
     nodes: Mapping[str, Obj]
     live_uids: frozenset[str]
+    parsed: DraParsed | None = None
 
 
 def rfc3339(now: float) -> str:
@@ -176,6 +189,21 @@ def _merge_assumed(claims: Sequence[Obj], assumed: dict[str, Assumed], now: floa
     return by_key
 
 
+def _cluster(inputs: DraInputs, claims: Mapping[str, Obj], assumed: Mapping[str, Assumed]) -> DraCluster:
+    """The DRA nodes and what every allocated claim holds, gpuaas's writes not seen yet included: from what the view
+    read (only the assumed claims read here), or from every slice and claim."""
+    if inputs.parsed is None:
+        return dra_cluster(inputs.slices, claims.values())
+    allocated = dict(inputs.parsed.allocated)
+    for key in assumed:  # _merge_assumed kept those the informer does not show allocated
+        try:
+            allocated[key] = tuple(allocated_devices(claims[key]))
+        except (KeyError, ObjectError, ValueError):
+            continue
+    return dra_cluster_of(inputs.parsed.pools, inputs.parsed.devices, chain.from_iterable(allocated.values()),
+                          inputs.parsed.errors)
+
+
 def prepare(state: ClusterState, facts: Sequence[NodeFacts], pods: Iterable[Obj], inputs: DraInputs,
             assumed: dict[str, Assumed], now: float) -> DraRound:
     """Read the pods' claims and build the model with the DRA nodes (see the module docstring, steps 1-2)."""
@@ -206,7 +234,7 @@ def prepare(state: ClusterState, facts: Sequence[NodeFacts], pods: Iterable[Obj]
             continue
         read[key] = dra
     wanted: Counter[str] = Counter(d.demand.mig_profile for d in read.values() if d.demand.mig_profile)
-    cluster = dra_cluster(inputs.slices, claims.values())
+    cluster = _cluster(inputs, claims, assumed)
     model = dra_model(state, inputs.nodes, cluster, inputs.slices, wanted)
     out = DraRound(model, read, errors, waiting, release=release, claims=claims,
                    hostname={f.name: f.labels.get("kubernetes.io/hostname", f.name) for f in facts})
@@ -254,6 +282,10 @@ def cleanup(rnd: DraRound, inputs: DraInputs, decisions: Sequence[GangDecision],
     pod_of_claim = {c.claim: key for key, dra in rnd.pods.items() for c in dra.claims if c.by_gpuaas}
     out = []
     for key, obj in rnd.claims.items():
+        status = obj.get("status") or {}
+        if not status.get("allocation") or status.get("reservedFor") or \
+                not ((obj.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED_FOR_ANNOTATION):
+            continue  # not gpuaas's, not allocated, or in use: what read_claim would say, without reading it all
         try:
             claim = read_claim(obj)
         except (ObjectError, ValueError):

@@ -117,7 +117,7 @@ class Service:
             dra = DraInputs(list(self.dra_informers["ResourceSlice"].store.values()),
                             list(self.dra_informers["ResourceClaim"].store.values()), dict(self.view.nodes),
                             frozenset(p["metadata"].get("uid", "") for p in self.informers[1].store.values()
-                                      if not finished(p)))
+                                      if not finished(p)), self.view.dra.parsed())
             workload = self._with_dra_shapes(workload)
         return state.copy(), facts, pods, workload, dra
 

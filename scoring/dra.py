@@ -310,7 +310,13 @@ def dra_node_spec(node: Mapping[str, Any], slices: Iterable[Mapping[str, Any]], 
     layout, none while nothing is allocated on it (it is a whole GPU until a MIG claim partitions it). An incomplete
     pool reads as no GPUs, as kube-scheduler allocates nothing from it."""
     base = node_spec(node)
-    dra = dra_node(base.name, slices, driver)
+    return dra_spec_of(node, base, dra_node(base.name, slices, driver), usage)
+
+
+def dra_spec_of(node: Mapping[str, Any], base: NodeSpec, dra: DraNode,
+                usage: Mapping[str, GpuUsage] | None = None) -> NodeSpec:
+    """dra_node_spec on what is read already: `base`, the Node as scoring.kubeobjects.node_spec reads it, and `dra`,
+    its pool (scoring.dra.dra_node, e.g. kept by scoring.draview from the informer's slices)."""
     if not dra.gpus or dra.incomplete or dra.model is None:
         return base
     layouts: list[dict[str, int] | None] = []
@@ -362,11 +368,15 @@ def allocated_devices(claim: Mapping[str, Any]) -> list[Allocated]:
 def devices_in_use(claims: Iterable[Mapping[str, Any]],
                    driver: str = DRIVER) -> dict[str, dict[str, list[Allocated]]]:
     """pool -> device -> the allocations holding it, over every allocated claim of `driver`, whoever allocated it."""
+    return by_device((a for claim in claims for a in allocated_devices(claim)), driver)
+
+
+def by_device(allocated: Iterable[Allocated], driver: str = DRIVER) -> dict[str, dict[str, list[Allocated]]]:
+    """devices_in_use on claims' allocations read already (allocated_devices)."""
     out: dict[str, dict[str, list[Allocated]]] = {}
-    for claim in claims:
-        for a in allocated_devices(claim):
-            if a.driver == driver:
-                out.setdefault(a.pool, {}).setdefault(a.device, []).append(a)
+    for a in allocated:
+        if a.driver == driver:
+            out.setdefault(a.pool, {}).setdefault(a.device, []).append(a)
     return out
 
 

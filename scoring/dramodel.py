@@ -36,20 +36,22 @@ import numpy as np
 from scoring.dra import (
     DRA_LABEL,
     DRIVER,
+    Allocated,
     DraGpu,
     DraMig,
     DraNode,
     GpuUsage,
+    by_device,
     devices_in_use,
     dra_node,
-    dra_node_spec,
+    dra_spec_of,
     gpu_usage,
     gpus_in_use,
     pool_slices,
 )
 from scoring.draclaims import DeviceResult, PodClaim, UnsupportedClaim, consumed_capacity
 from scoring.gpus import COMPUTE_SLICES, MigLayoutError, MigPlacement, UnknownGpuModelError
-from scoring.kubeobjects import ObjectError
+from scoring.kubeobjects import ObjectError, node_spec
 from scoring.model import MILLI, ClusterState, NodeSpec, PodDemand
 
 Obj = Mapping[str, Any]
@@ -85,6 +87,18 @@ def dra_cluster(slices: Iterable[Obj], claims: Iterable[Obj], driver: str = DRIV
             for d in s["spec"].get("devices") or ():
                 out.devices[(pool, str(d.get("name")))] = d
     in_use = devices_in_use(claims, driver)
+    for name, node in out.nodes.items():
+        out.usage[name] = gpu_usage(node, in_use)
+    return out
+
+
+def dra_cluster_of(nodes: Mapping[str, DraNode], devices: Mapping[tuple[str, str], Obj],
+                   allocated: Iterable[Allocated], errors: Mapping[str, str] | None = None,
+                   driver: str = DRIVER) -> DraCluster:
+    """dra_cluster on what is read already (scoring.draview.DraView.parsed: the informer's slices and claims, each
+    read once when it changed): the pools with GPUs, their devices, and every allocated claim's devices."""
+    out = DraCluster(dict(nodes), dict(devices), {}, dict(errors or {}))
+    in_use = by_device(allocated, driver)
     for name, node in out.nodes.items():
         out.usage[name] = gpu_usage(node, in_use)
     return out
@@ -165,9 +179,9 @@ def _layouts(node: DraNode, per_gpu: Sequence[GpuUsage], wanted: Sequence[str],
     return layouts, free
 
 
-def _spec(node_obj: Obj, dra: DraNode, slices: Sequence[Obj], usage: Mapping[str, GpuUsage],
+def _spec(node_obj: Obj, dra: DraNode, usage: Mapping[str, GpuUsage],
           layouts: Sequence[dict[str, int] | None]) -> NodeSpec:
-    spec = dra_node_spec(node_obj, slices, dra.driver, usage)
+    spec = dra_spec_of(node_obj, node_spec(node_obj), dra, usage)
     if spec.gpus != len(dra.gpus):  # unready node (incomplete pool, unknown model): as node_spec reads it
         return spec
     return dataclasses.replace(spec, mig_layouts=tuple(layouts) if any(layouts) else None)
@@ -197,10 +211,10 @@ def dra_model(base: ClusterState, nodes: Mapping[str, Obj], cluster: DraCluster,
               wanted: Mapping[str, int] | None = None) -> DraModel:
     """`base` (the live model of Nodes and Pods) with the GPUs of its DRA nodes (`nodes`: Node objects by name)
     from `cluster`, and their usage. `wanted`: MIG profile -> pods waiting for one; idle partitionable GPUs are
-    opened for them when the partitions in use leave too little room (see the module docstring)."""
+    opened for them when the partitions in use leave too little room (see the module docstring). `slices` is not
+    read: `cluster` holds the pools read from them."""
     wanted = dict(wanted or {})
     order = [p for p, _ in sorted(wanted.items(), key=lambda kv: (-kv[1], kv[0]))]
-    by_pool = {pool: group for pool, (group, _) in pool_slices(slices, DRIVER).items()}
     rows = [s.name for s in base.nodes if s.name in cluster.nodes and s.name in nodes and is_dra_node(nodes[s.name])]
     per_gpu = {name: _per_gpu(cluster.nodes[name], cluster.usage.get(name, {})) for name in rows}
     # Room for each wanted profile in the completions of the GPUs already partitioned; then idle GPUs opened.
@@ -235,7 +249,7 @@ def dra_model(base: ClusterState, nodes: Mapping[str, Obj], cluster: DraCluster,
     for name in rows:
         node = cluster.nodes[name]
         layouts, free = _layouts(node, per_gpu[name], order, opened[name])
-        specs[name] = _spec(nodes[name], node, by_pool.get(name, []), cluster.usage.get(name, {}), layouts)
+        specs[name] = _spec(nodes[name], node, cluster.usage.get(name, {}), layouts)
         completions.update({(name, pos): f for pos, f in free.items()})
     state = _overlay(base, specs) if specs else base.copy()
     model = DraModel(state, cluster, completions)

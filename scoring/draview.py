@@ -16,7 +16,7 @@ ClusterView applies them to its state. A pool whose slices are not all published
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scoring.dra import (
@@ -24,6 +24,7 @@ from scoring.dra import (
     SHARE_CAPACITY,
     TYPE_MIG,
     TYPE_SHARED,
+    Allocated,
     DraNode,
     GpuUsage,
     allocated_devices,
@@ -45,6 +46,17 @@ HOLD_PREFIX = "ResourceClaim:"  # placements of claims are keyed HOLD_PREFIX + n
 
 
 @dataclass(frozen=True)
+class DraParsed:
+    """What the view has read of the slices and claims, for a planner that reads it in another thread
+    (gangs.dra.prepare; scoring.dramodel.dra_cluster_of): new mappings of values never changed in place."""
+
+    pools: Mapping[str, DraNode] = field(default_factory=dict)  # pool (= node) -> its GPUs, readable pools only
+    devices: Mapping[tuple[str, str], Obj] = field(default_factory=dict)  # (pool, device) -> the published device
+    allocated: Mapping[str, tuple[Allocated, ...]] = field(default_factory=dict)  # claim key -> its devices
+    errors: Mapping[str, str] = field(default_factory=dict)  # pool -> why its slices cannot be read
+
+
+@dataclass(frozen=True)
 class Hold:
     """One device a claim holds, as the model places it: `demand` on GPU `gpu` of node `node`."""
 
@@ -62,9 +74,11 @@ class DraView:
         self.slices: dict[str, Obj] = {}  # slice name -> slice
         self.claims: dict[str, Obj] = {}  # namespace/name -> claim, allocated ones only
         self.holds: dict[str, tuple[Hold, ...]] = {}  # namespace/name -> what the claim holds
+        self.allocated: dict[str, tuple[Allocated, ...]] = {}  # namespace/name -> its allocation's devices, read once
         self.errors: dict[str, str] = {}  # pool -> why its slices cannot be read
         self._slices_of: dict[str, set[str]] = {}  # pool -> names of its slices
         self._pools: dict[str, DraNode | None] = {}  # pool (= node name) -> its GPUs, None: none readable; read lazily
+        self._devices: dict[str, dict[str, Obj]] = {}  # pool -> its devices by name (of the group read in _pools)
 
     # ---- informer events: each returns the nodes whose spec may have changed --------------------------------------
     def on_slice(self, old: Obj | None, new: Obj | None) -> set[str]:
@@ -81,6 +95,7 @@ class DraView:
             self._slices_of.setdefault(_pool_of(new), set()).add(name)
         for pool in pools:
             self._pools.pop(pool, None)
+            self._devices.pop(pool, None)
         for key, claim in self.claims.items():  # holds are read against the node's devices: read them again
             if any(h.node in pools for h in self.holds.get(key, ())) or not self.holds.get(key):
                 self.holds[key] = self._read_holds(claim)
@@ -96,8 +111,10 @@ class DraView:
         if new is None or not (new.get("status") or {}).get("allocation"):
             self.claims.pop(key, None)
             self.holds.pop(key, None)
+            self.allocated.pop(key, None)
             return key, before, ()
         self.claims[key] = new
+        self.allocated[key] = _allocated(new)
         self.holds[key] = self._read_holds(new)
         return key, before, self.holds[key]
 
@@ -120,6 +137,18 @@ class DraView:
             return None
 
     # ---- reading ---------------------------------------------------------------------------------------------------
+    def parsed(self) -> DraParsed:
+        """Every pool and allocated claim as read so far (pools not read yet are read now)."""
+        pools: dict[str, DraNode] = {}
+        devices: dict[tuple[str, str], Obj] = {}
+        for name in self._slices_of:
+            node = self.pool(name)
+            if node is None:
+                continue
+            pools[name] = node
+            devices.update(((name, d), obj) for d, obj in self._devices.get(name, {}).items())
+        return DraParsed(pools, devices, dict(self.allocated), dict(self.errors))
+
     def _group(self, pool: str) -> list[Obj]:
         """The pool's slices of the newest generation, or [] while it is incomplete."""
         names = self._slices_of.get(pool, ())
@@ -140,6 +169,8 @@ class DraView:
                 except (ObjectError, UnknownGpuModelError, ValueError) as err:
                     self.errors[name] = str(err)
             self._pools[name] = node if node is not None and node.gpus else None
+            self._devices[name] = {str(d.get("name")): d for s in group for d in (s["spec"].get("devices") or ())} \
+                if self._pools[name] is not None else {}
         return self._pools[name]
 
     def node_spec(self, node: Obj, base: NodeSpec) -> NodeSpec:
@@ -155,11 +186,7 @@ class DraView:
 
     def _read_holds(self, claim: Obj) -> tuple[Hold, ...]:
         out = []
-        try:
-            allocated = allocated_devices(claim)
-        except (ObjectError, ValueError):
-            return ()
-        for a in allocated:
+        for a in self.allocated.get(claim_key(claim)) or _allocated(claim):
             node = self.pool(a.pool) if a.driver == self.driver else None
             where = node.devices.get(a.device) if node is not None else None
             if node is None or where is None:
@@ -176,6 +203,14 @@ class DraView:
                 demand = PodDemand(gpus=1, gpu_milli=MILLI, name=a.claim)
             out.append(Hold(a.pool, pos, demand, a.device))
         return tuple(out)
+
+
+def _allocated(claim: Obj) -> tuple[Allocated, ...]:
+    """A claim's allocated devices; none for one that cannot be read (it holds nothing in the view)."""
+    try:
+        return tuple(allocated_devices(claim))
+    except (ObjectError, ValueError):
+        return ()
 
 
 def _pool_of(slice_: Obj) -> str:

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from gangs.controller import GangController
 from gangs.dra import DraInputs, rfc3339
 from runtime.draslices import resource_slices
 from runtime.pools import node_objects, parse_pool_spec
+from scoring.clusterview import ClusterView
 from scoring.dra import MIG_CLASS, SHARE_CLASS
 from scoring.draclaims import ALLOCATED_FOR_ANNOTATION, DeviceResult, allocation
 from scoring.fragmentation import Workload
@@ -111,10 +114,18 @@ def pod(name, *claims, gated=True, group=None, size=1):
     return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
 
 
-def run(controller, pods, claims, now=NOW, live=None):
+def run(controller, pods, claims, now=NOW, live=None, parsed=False):
+    """One round; `parsed`: with the slices and claims as the service's live view read them (DraView.parsed)."""
     state, facts, nodes, slices = cluster()
     uids = frozenset(live if live is not None else (p["metadata"]["uid"] for p in pods))
-    return controller.reconcile(state, facts, pods, now, WORKLOAD, dra=DraInputs(slices, claims, nodes, uids))
+    read = None
+    if parsed:
+        view = ClusterView("gpuaas")
+        for kind, objs in (("ResourceSlice", slices), ("ResourceClaim", claims)):
+            for obj in objs:
+                view.on_change(kind, None, obj)
+        read = view.dra.parsed()
+    return controller.reconcile(state, facts, pods, now, WORKLOAD, dra=DraInputs(slices, claims, nodes, uids, read))
 
 
 def allocations_(claims_writer):
@@ -137,19 +148,21 @@ def test_a_gated_pod_s_claim_is_allocated_then_the_pod_pinned_and_released():
     assert [c[:3] for c in pods.calls if c[0] != "note"] == [("pin", "ml/p", node), ("ungate", "ml/p")]
 
 
-def test_its_own_writes_count_before_the_informer_shows_them():
+@pytest.mark.parametrize("parsed", [False, True], ids=["claims-read-in-the-round", "claims-read-by-the-view"])
+def test_its_own_writes_count_before_the_informer_shows_them(parsed):
     """The next round sees the claims as the informer still shows them (unallocated): the assumed allocation holds
     the device, so the next pod gets another one and the first is not allocated twice."""
     pods, claims = RecordingPods(), RecordingClaims()
     controller = GangController(SETTINGS, pods, claims=claims)
-    run(controller, [pod("p", "a")], [claim("a")])
-    run(controller, [pod("p", "a"), pod("q", "b")], [claim("a"), claim("b")], now=NOW + 1)
+    run(controller, [pod("p", "a")], [claim("a")], parsed=parsed)
+    run(controller, [pod("p", "a"), pod("q", "b")], [claim("a"), claim("b")], now=NOW + 1, parsed=parsed)
     got = allocations_(claims)
     assert [c[1] for c in claims.calls] == ["ml/a", "ml/b"]
     assert devices(got["ml/a"]) != devices(got["ml/b"])
 
 
-def test_a_restart_rebuilds_usage_from_the_claims():
+@pytest.mark.parametrize("parsed", [False, True], ids=["claims-read-in-the-round", "claims-read-by-the-view"])
+def test_a_restart_rebuilds_usage_from_the_claims(parsed):
     """A new controller (no assumptions) reads the allocation from the claim: the device stays taken, the gated pod
     whose claim is allocated is pinned to that node without a new allocation."""
     first = RecordingClaims()
@@ -157,7 +170,8 @@ def test_a_restart_rebuilds_usage_from_the_claims():
     alloc = allocations_(first)["ml/a"]
     pods, claims = RecordingPods(), RecordingClaims()
     held = claim("a", alloc=alloc, by="u-p")
-    run(GangController(SETTINGS, pods, claims=claims), [pod("p", "a"), pod("q", "b")], [held, claim("b")])
+    run(GangController(SETTINGS, pods, claims=claims), [pod("p", "a"), pod("q", "b")], [held, claim("b")],
+        parsed=parsed)
     assert [c[1] for c in claims.calls] == ["ml/b"]
     assert devices(allocations_(claims)["ml/b"]) != devices(alloc)
     node = devices(alloc)[0][0]

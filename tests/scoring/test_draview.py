@@ -8,7 +8,7 @@ import pytest
 
 from scoring.clusterview import ClusterView
 from scoring.draclaims import DeviceResult
-from scoring.dramodel import dra_cluster, dra_model
+from scoring.dramodel import dra_cluster, dra_cluster_of, dra_model
 from scoring.fit import feasible
 from scoring.model import PodDemand
 
@@ -54,6 +54,24 @@ def test_the_view_holds_what_dra_model_reads(order):
     row = state.index["mig-0000"]
     assert bool(state.mig_enabled[row, 0]) and not bool(state.mig_enabled[row, 1])
     assert int(state.mig_free[row].sum()) == 0  # the only instance of the layout is held
+
+
+@pytest.mark.parametrize("order", [("Node", "ResourceSlice", "ResourceClaim"),
+                                   ("ResourceClaim", "ResourceSlice", "Node")])
+def test_what_the_view_read_gives_the_cluster_dra_cluster_reads(order):
+    """The gang controller plans on DraView.parsed (slices and claims read once, when they changed) rather than
+    reading every slice and claim each round: the same pools, devices and usage."""
+    nodes, slices = cluster_objects(WHOLE, MIG, PLUGIN)
+    view = view_of(nodes, slices, claims(), order)
+    view.on_change("ResourceClaim", claims()[2], {**claims()[2], "status": {}})  # c deallocated: holds nothing
+    now = claims()[:2] + claims()[3:]
+    parsed = view.dra.parsed()
+    got = dra_cluster_of(parsed.pools, parsed.devices, [a for devs in parsed.allocated.values() for a in devs],
+                         parsed.errors)
+    expected = dra_cluster(slices, now)
+    assert got.nodes == expected.nodes and got.devices == expected.devices and got.errors == expected.errors
+    assert got.usage == expected.usage
+    assert got.usage["dra-0000"]["gpu-1-shared"].share_milli == 300
 
 
 def test_claims_allocated_and_deallocated_later_are_applied_in_place():

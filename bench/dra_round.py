@@ -1,0 +1,258 @@
+"""Time the gang controller's DRA round (gangs.controller.GangController.reconcile with its inputs, as
+gangs.service.Service takes them) on a DRA slice of the Alibaba trace's cluster, without a cluster: the replay's pods
+arrive one at a time (`--mode sequential`) or all at once (`--mode burst`), and an in-process stand-in for the
+apiserver, the informers and kube-scheduler applies what the controller writes (allocations, pins, gate removals),
+binds released pods on their pinned node and feeds every change to the view as the informers would, after the round.
+
+The stand-in is not Kubernetes: it checks nothing (kube-scheduler re-checks CPU and memory at binding; here a released
+pod always binds). What it measures is the controller's own time per round and where it goes (`--profile`), on the
+same objects (runtime.pools node_objects, runtime.draslices resource_slices, gpuaas.workloads claim templates) the
+local cluster serves. Prints one JSON object: per round the pods waiting and the seconds, the allocation ratio.
+
+`--request-ms` gives each request the controller makes a latency (a sleep; requests in flight at once overlap), which
+shows what writing claims one after another costs against writing them in parallel.
+
+Usage:
+  python bench/dra_round.py --nodes CSV --pods CSV [--slice 200] [--mode sequential|burst] [--pods-max 300]
+      [--request-ms 0]
+      [--profile N]   (cProfile of round N, top functions by cumulative time, to stderr)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import json
+import pstats
+import random
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gangs.controller import GangController, finished
+from gangs.dra import DraInputs, wanted_pod
+from gangs.service import _group_member
+from gpuaas.simulate.traces import load_nodes, load_pods
+from gpuaas.workloads import dra_claim_template, dra_pod_for_demand
+from runtime.draslices import resource_slices
+from runtime.pools import node_objects, pools_from_node_specs
+from scoring.clusterview import ClusterView
+from scoring.dra import claim_key
+from scoring.draview import CLAIM_KIND, SLICE_KIND
+from scoring.gangs import GANG_GATE, GangSettings, NodeFacts
+from scoring.model import ClusterState
+from scoring.simulation import inflate, simulate
+
+NS = "replay"
+Obj = dict[str, Any]
+
+
+class Stand:
+    """The apiserver's objects and the informers' view of them; writes are applied to the objects at once and reach
+    the view (`flush`) after the round, as watch events do."""
+
+    def __init__(self, view: ClusterView, request_s: float = 0.0):
+        self.view = view
+        self.request_s = request_s  # each request's latency (a sleep): KubeClaims.allocate makes 3, pin 1, ungate 2
+        self.pods: dict[str, Obj] = {}
+        self.claims: dict[str, Obj] = {}
+        self.slices: dict[str, Obj] = {}
+        self.events: list[tuple[str, Obj | None, Obj]] = []
+        self.writes = 0
+
+    def put(self, kind: str, store: dict[str, Obj], key: str, new: Obj, *, now: bool = False) -> None:
+        old = store.get(key)
+        store[key] = new
+        if now:
+            self.view.on_change(kind, old, new)
+        else:
+            self.events.append((kind, old, new))
+
+    def flush(self) -> None:
+        events, self.events = self.events, []
+        for kind, old, new in events:
+            self.view.on_change(kind, old, new)
+
+    # -- gangs.controller.PodWriter
+    def pin(self, key: str, uid: str, hostname: str, released_at: float, planned: str = "") -> bool:
+        self.writes += 1
+        time.sleep(self.request_s)
+        pod = copy.deepcopy(self.pods[key])
+        pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/hostname"] = hostname
+        pod["metadata"].setdefault("annotations", {})["gpuaas.io/gang-released"] = f"{released_at:.3f}"
+        self.put("Pod", self.pods, key, pod)
+        return True
+
+    def ungate(self, key: str, uid: str) -> bool:
+        self.writes += 1
+        time.sleep(2 * self.request_s)
+        pod = copy.deepcopy(self.pods[key])
+        pod["spec"]["schedulingGates"] = [g for g in pod["spec"].get("schedulingGates") or ()
+                                          if g.get("name") != GANG_GATE]
+        self.put("Pod", self.pods, key, pod)
+        return True
+
+    def delete(self, key: str, uid: str) -> bool:
+        return False
+
+    def note(self, key: str, uid: str, type_: str, reason: str, message: str) -> None:
+        pass
+
+    # -- gangs.dra.ClaimWriter
+    def allocate(self, key: str, uid: str, allocation: Mapping[str, Any], pod_uid: str) -> bool:
+        self.writes += 2  # the metadata update, then the status
+        time.sleep(3 * self.request_s)
+        claim = copy.deepcopy(self.claims[key])
+        if (claim.get("status") or {}).get("allocation"):
+            return False
+        claim.setdefault("status", {})["allocation"] = copy.deepcopy(dict(allocation))
+        claim["metadata"].setdefault("annotations", {})["gpuaas.io/allocated-for"] = pod_uid
+        self.put(CLAIM_KIND, self.claims, key, claim)
+        return True
+
+    def deallocate(self, key: str, uid: str) -> bool:
+        return False
+
+    # -- kube-scheduler: a released pod binds on its pinned node
+    def bind_released(self, hostname_node: Mapping[str, str]) -> int:
+        bound = 0
+        for key, pod in list(self.pods.items()):
+            spec = pod["spec"]
+            if spec.get("nodeName") or spec.get("schedulingGates") or "nodeSelector" not in spec:
+                continue
+            pod = copy.deepcopy(pod)
+            pod["spec"]["nodeName"] = hostname_node[spec["nodeSelector"]["kubernetes.io/hostname"]]
+            pod["status"] = {**pod.get("status", {}), "phase": "Running"}
+            self.put("Pod", self.pods, key, pod)
+            for s in pod["status"].get("resourceClaimStatuses") or ():
+                ckey = f"{NS}/{s['resourceClaimName']}"
+                claim = copy.deepcopy(self.claims[ckey])
+                claim["status"]["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"],
+                                                   "uid": pod["metadata"]["uid"]}]
+                self.put(CLAIM_KIND, self.claims, ckey, claim)
+            bound += 1
+        return bound
+
+
+def inputs(stand: Stand, controller: GangController) -> tuple[ClusterState, list[NodeFacts], list[Obj], Any, DraInputs]:
+    """What gangs.service.Service._inputs takes from its informers and view."""
+    view = stand.view
+    state, _ = view.snapshot()
+    facts = [NodeFacts.of(view.nodes[name]) for name in state.names]
+    pods = [p for p in stand.pods.values() if _group_member(p) or wanted_pod(p)]
+    dra = DraInputs(list(stand.slices.values()), list(stand.claims.values()), dict(view.nodes),
+                    frozenset(p["metadata"].get("uid", "") for p in stand.pods.values() if not finished(p)),
+                    view.dra.parsed())
+    return state.copy(), facts, pods, view.workload(), dra
+
+
+def new_pod(stand: Stand, i: int, demand: Any) -> None:
+    """Pod i with its claim generated from its template (what kube-controller-manager does)."""
+    name = f"p{i:05d}"
+    pod = dra_pod_for_demand(name, NS, demand, gated=True)
+    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp="2026-11-24T00:00:00Z")
+    pod["status"] = {"phase": "Pending"}
+    template = dra_claim_template(demand, NS)
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": f"{name}-gpu", "namespace": NS, "uid": f"c-{name}",
+                          "ownerReferences": [{"kind": "Pod", "name": name, "uid": f"uid-{name}"}]},
+             "spec": copy.deepcopy(template["spec"]["spec"]), "status": {}}
+    stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
+    stand.put(CLAIM_KIND, stand.claims, claim_key(claim), claim, now=True)
+    pod = copy.deepcopy(pod)
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}]
+    stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", required=True)
+    parser.add_argument("--pods", required=True)
+    parser.add_argument("--slice", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--tune", type=float, default=1.5)
+    parser.add_argument("--mode", choices=("sequential", "burst"), default="sequential")
+    parser.add_argument("--pods-max", type=int, default=300, help="GPU pods replayed (the first of the list)")
+    parser.add_argument("--profile", type=int, default=0, help="profile this round (1-based)")
+    parser.add_argument("--request-ms", type=float, default=0.0,
+                        help="latency of each request of the stand-in apiserver (a sleep in the writing thread)")
+    args = parser.parse_args()
+
+    nodes = random.Random(args.seed).sample(load_nodes(args.nodes), args.slice)
+    trace = [p for p in load_pods(args.pods) if p.gpus]
+    capacity = ClusterState(nodes).total_gpu_milli
+    pods = inflate(trace, capacity, args.tune, np.random.default_rng(args.seed))[:args.pods_max]
+    spec = pools_from_node_specs(nodes, dra=True)
+    view = ClusterView("gpuaas")
+    stand = Stand(view, args.request_ms / 1000)
+    hostname_node = {}
+    for pool in spec.pools:
+        for n in node_objects(pool):
+            name = n["metadata"]["name"]
+            view.on_change("Node", None, n)
+            hostname_node[n["metadata"]["labels"].get("kubernetes.io/hostname", name)] = name
+            for s in resource_slices(pool, name):
+                stand.put(SLICE_KIND, stand.slices, s["metadata"]["name"], s, now=True)
+    settings = GangSettings(policy="gpuaas", time_limit_s=10.0, bind_timeout_s=1e6, reserve_after_s=1e7)
+    controller = GangController(settings, stand, claims=stand)
+    rounds: list[dict[str, Any]] = []
+    now = 1_800_000_000.0
+    profiler = cProfile.Profile() if args.profile else None
+
+    def one_round() -> None:
+        nonlocal now
+        now += 1.0
+        n = len(rounds) + 1
+        t = time.perf_counter()
+        if profiler is not None and n == args.profile:
+            profiler.enable()
+        state, facts, held, workload, dra = inputs(stand, controller)
+        t_in = time.perf_counter()
+        report = controller.reconcile(state, facts, held, now, workload, dra)
+        if profiler is not None and n == args.profile:
+            profiler.disable()
+        t_end = time.perf_counter()
+        stand.flush()
+        bound = stand.bind_released(hostname_node)
+        stand.flush()
+        rounds.append({"round": n, "held": len(held), "released": len(report.released), "bound": bound,
+                       "waiting": len(report.waiting), "inputs_s": round(t_in - t, 4),
+                       "reconcile_s": round(t_end - t_in, 4)})
+
+    started = time.perf_counter()
+    if args.mode == "sequential":
+        for i, demand in enumerate(pods):
+            new_pod(stand, i, demand)
+            one_round()
+    else:
+        for i, demand in enumerate(pods):
+            new_pod(stand, i, demand)
+        while True:
+            one_round()
+            if not rounds[-1]["released"] or len(rounds) >= 20:
+                break
+    used = sum(d.total_gpu_milli for i, d in enumerate(pods) if stand.pods[f"{NS}/p{i:05d}"]["spec"].get("nodeName"))
+    sim = simulate(nodes, trace, "gpuaas", args.seed, tune=args.tune)
+    secs = [r["inputs_s"] + r["reconcile_s"] for r in rounds]
+    print(json.dumps({
+        "bench": "dra_round", "slice_nodes": args.slice, "mode": args.mode, "pods": len(pods),
+        "request_ms": args.request_ms,
+        "allocation_ratio": round(100 * used / capacity, 2),
+        "simulator_first_pods_ratio": round(100 * sum(
+            d.total_gpu_milli for d, node in zip(sim.arrivals[:len(pods)], sim.node_of[:len(pods)], strict=True)
+            if node >= 0) / capacity, 2) if sim.node_of is not None else None,
+        "rounds": len(rounds), "round_s_mean": round(sum(secs) / len(secs), 4),
+        "round_s_last50_mean": round(sum(secs[-50:]) / len(secs[-50:]), 4),
+        "inputs_s_mean": round(sum(r["inputs_s"] for r in rounds) / len(rounds), 4),
+        "writes": stand.writes, "total_s": round(time.perf_counter() - started, 1),
+        "per_round": rounds if args.mode == "burst" else rounds[-3:],
+    }, indent=1))
+    if profiler is not None:
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+
+
+if __name__ == "__main__":
+    main()
