@@ -247,26 +247,25 @@ class GangController:
         report = Report()
         pins_failed: set[str] = set()
         not_allocated: set[str] = set()  # gangs a claim of which could not be allocated: no pin, no release
-        written: dict[str, list[Allocate]] = {}
         gang_of_key = self.gang_of
         cmds = commands(decisions, members, now, self.told, writes)
-        for c in cmds:  # DRA claims first, in order: a gang any claim of which fails is neither pinned nor released
-            if not isinstance(c, Allocate) or c.gang in not_allocated:
+        # DRA claims first: a gang any claim of which fails is neither pinned nor released. Each gang's claims one
+        # after another, different gangs' in parallel (a burst's first round allocates a thousand claims).
+        per_gang: dict[str, list[Allocate]] = {}
+        for c in cmds:
+            if isinstance(c, Allocate):
+                per_gang.setdefault(c.gang, []).append(c)
+        for gang, (written, failures) in zip(per_gang, self._in_parallel(self._allocate_gang, list(per_gang.values())),
+                                             strict=True):
+            report.failed_writes += failures
+            if not written:
+                not_allocated.add(gang)
+                pins_failed.add(gang)
                 continue
-            if self.claims is not None and self.claims.allocate(c.claim, c.uid, c.allocation, c.pod_uid):
-                written.setdefault(c.gang, []).append(c)
+            for c in written:
                 self.assumed[c.claim] = claim_assumption(c, now)
                 self._record(c)
                 report.allocated += 1
-                continue
-            report.failed_writes += 1
-            not_allocated.add(c.gang)
-            pins_failed.add(c.gang)
-            for w in written.pop(c.gang, []):  # all or nothing: what this gang got this round goes back
-                self.assumed.pop(w.claim, None)
-                self.written.pop(w.claim, None)
-                if self.claims is not None and not self.claims.deallocate(w.claim, w.uid):
-                    report.failed_writes += 1
         # Every pin of every released gang, then every gate of the gangs pinned whole: each round of writes in
         # parallel (a burst releases hundreds of members; one by one they took a quarter of a second each).
         pins = [c for c in cmds if isinstance(c, Pin) and gang_of_key.get(c.key) not in not_allocated]
@@ -297,7 +296,21 @@ class GangController:
             self.metrics.observe(report)
         return report
 
-    def _in_parallel(self, write: Callable[[Any], bool], commands_: Sequence[Any]) -> list[bool]:
+    def _allocate_gang(self, writes: Sequence[Allocate]) -> tuple[list[Allocate], int]:
+        """One gang's claims, in order: (the allocations written, failed writes). All or nothing: when a claim
+        fails, what the gang got this round is deallocated and nothing is returned as written."""
+        claims = self.claims
+        if claims is None:
+            return [], len(writes)
+        done: list[Allocate] = []
+        for c in writes:
+            if claims.allocate(c.claim, c.uid, c.allocation, c.pod_uid):
+                done.append(c)
+                continue
+            return [], 1 + sum(1 for w in done if not claims.deallocate(w.claim, w.uid))
+        return done, 0
+
+    def _in_parallel(self, write: Callable[[Any], Any], commands_: Sequence[Any]) -> list[Any]:
         if len(commands_) <= 1:
             return [write(c) for c in commands_]
         return list(self._pool.map(write, commands_))

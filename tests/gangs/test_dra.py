@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 
@@ -193,6 +194,40 @@ def test_a_gang_allocates_every_member_before_any_pin_and_gives_back_on_failure(
     assert verbs == ["allocate", "allocate", "pin", "pin", "ungate", "ungate"]
     nodes = {devices(a)[0][0] for a in allocations_(ok).values()}
     assert nodes == {"dra-0000", "dra-0001"}  # 4 GPUs each: one node per member
+
+
+class MeetingClaims(RecordingClaims):
+    """Each allocation waits (up to 5 s) until `together` allocations are under way at once, and fails if they never
+    are: written one after another, the claims of different gangs would all fail."""
+
+    def __init__(self, together, refuse=()):
+        super().__init__(refuse)
+        self.barrier = threading.Barrier(together, timeout=5)
+
+    def allocate(self, key, uid, allocation_, pod_uid):
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            return False
+        return super().allocate(key, uid, allocation_, pod_uid)
+
+
+def test_the_claims_of_different_gangs_are_written_at_once():
+    pods, claims = RecordingPods(), MeetingClaims(3)
+    report = run(GangController(SETTINGS, pods, claims=claims), [pod("p", "a"), pod("q", "b"), pod("r", "c")],
+                 [claim("a"), claim("b"), claim("c")])
+    assert report.allocated == 3 and report.failed_writes == 0
+    assert sorted(report.released) == ["ml/pod:p", "ml/pod:q", "ml/pod:r"]
+
+
+def test_a_gang_that_fails_gives_back_its_claims_while_others_are_released():
+    pods, claims = RecordingPods(), RecordingClaims(refuse={"ml/b"})
+    members = [pod("p", "a", group="g", size=2), pod("q", "b", group="g", size=2)]
+    report = run(GangController(SETTINGS, pods, claims=claims), [*members, pod("r", "c")],
+                 [claim("a"), claim("b"), claim("c")])
+    assert report.released == ["ml/pod:r"] and report.allocated == 1 and report.failed_writes == 1
+    assert ("deallocate", "ml/a") in claims.calls and ("deallocate", "ml/c") not in claims.calls
+    assert {c[1] for c in pods.calls if c[0] in ("pin", "ungate")} == {"ml/r"}
 
 
 def test_mig_share_and_pcie_root_claims():
