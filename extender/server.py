@@ -32,11 +32,10 @@ from pydantic import BaseModel, ValidationError
 
 from runtime.authz import ApiReviewer, AsyncReviewer
 from runtime.config import describe_errors
+from runtime.drainformers import dra_informers
 from runtime.informer import Informer, Readiness
 from runtime.kubeclient import ApiEndpoint
 from scoring.clusterview import ClusterView
-from scoring.dra import DRA_API
-from scoring.draview import CLAIM_KIND, SLICE_KIND
 from scoring.kubeobjects import ObjectError
 from scoring.verdicts import Priorities
 
@@ -283,7 +282,7 @@ def live_app(config: ExtenderConfig) -> web.Application:
     async def informers(app: web.Application) -> AsyncIterator[None]:
         async with endpoint.session() as session:
             holder["session"] = session
-            watched.extend(await dra_informers(session, endpoint, view, config.resync_seconds))
+            watched.extend((await dra_informers(session, endpoint, view.on_change, config.resync_seconds)).values())
             tasks = [asyncio.create_task(inf.run(session)) for inf in watched]
             yield
             for t in tasks:
@@ -292,20 +291,6 @@ def live_app(config: ExtenderConfig) -> web.Application:
 
     app.cleanup_ctx.append(informers)
     return app
-
-
-async def dra_informers(session: aiohttp.ClientSession, endpoint: ApiEndpoint, view: ClusterView,
-                        resync_seconds: float) -> list[Informer]:
-    """Informers of ResourceSlices and ResourceClaims for the DRA nodes in the model (scoring.draview), or none where
-    the cluster does not serve resource.k8s.io/v1 (before Kubernetes 1.34)."""
-    async with session.get(DRA_API) as resp:
-        if resp.status == 404:
-            log.info("resource.k8s.io/v1 not served: no DRA nodes in the model")
-            return []
-        resp.raise_for_status()
-    return [Informer(endpoint, f"{DRA_API}/{plural}", kind=kind, on_change=view.on_change,
-                     resync_seconds=resync_seconds)
-            for plural, kind in (("resourceslices", SLICE_KIND), ("resourceclaims", CLAIM_KIND))]
 
 
 def warm_up_once_synced(app: web.Application) -> None:
