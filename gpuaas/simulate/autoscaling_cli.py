@@ -30,6 +30,8 @@ having held them; it begins --preroll seconds (default 900) before t = 0 on the 
 around), so that every policy meets t = 0 as a running service does; requests and GPU time before t = 0 do not count.
 --offset S starts the window S seconds into the trace (wrapping around), --duration limits it; --preroll 0 starts at
 the window with the warm fleet, --fresh-memory without the policies' memory of it (a controller started just then).
+Prometheus: rate() extrapolated as Prometheus does, nothing from fewer than two samples; scrapes from --scrape-offset
+on, controller syncs --sync-offset after each (a real pair is in no particular phase); --rate-windows as configured.
 
 policies: ours (autoscaler/policy.py, one configuration); hpa (autoscaling/v2 Pods metric --metric per pod, AverageValue
 --target; 15 s sync, tolerance 0.1, 300 s scale-down stabilization, scale-up {4 pods, 100%%}/15 s; --min-replicas);
@@ -54,6 +56,30 @@ def _floats(text: str) -> list[float]:
     if not out or any(x <= 0 for x in out):
         raise argparse.ArgumentTypeError(f"targets must be > 0, got {text!r}")
     return out
+
+
+def _windows(text: str):
+    from .autoscaling import RateWindows
+
+    try:
+        values = [float(x) for x in text.split(",")]
+        if len(values) != 3:
+            raise ValueError
+        return RateWindows(*values)
+    except ValueError as err:
+        detail = f": {err}" if str(err) else ""
+        raise argparse.ArgumentTypeError(f"expected RATE,SHORT,SERVICE window seconds, e.g. 60,30,120, got "
+                                         f"{text!r}{detail}") from None
+
+
+def _offset(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
+    return value
 
 
 def _metrics(text: str) -> list[str]:
@@ -94,6 +120,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cold-start", type=float, default=60.0)
     p.add_argument("--scrape-interval", type=float, default=15.0)
     p.add_argument("--slo", type=float, default=2.0, help="queue-wait SLO in seconds (default 2)")
+    p.add_argument("--rate-windows", type=_windows, default=None,
+                   help="the controller's rate windows RATE,SHORT,SERVICE in seconds (default 60,30,120)")
+    p.add_argument("--scrape-offset", type=_offset, default=0.0,
+                   help="the first scrape this many seconds into the run (default 0)")
+    p.add_argument("--sync-offset", type=_offset, default=None,
+                   help="each controller sync this many seconds after a scrape (default half a scrape interval)")
     p.add_argument("--json", dest="json_out", required=True, help="write results here ('-' for stdout)")
     p.add_argument("--plot", help="write a PNG of replicas and queue over time")
     p.set_defaults(func=run)
@@ -163,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from autoscaler.policy import StaticPolicy
     from gpuaas.loadgen.serving import ServiceModel
     from gpuaas.loadgen.trace import TraceError, load_trace, scale_rate, window
-    from gpuaas.simulate.autoscaling import peak_replicas, simulate
+    from gpuaas.simulate.autoscaling import RateWindows, peak_replicas, simulate
 
     from .autoscaling_oracle import warm_start_replicas
     from .autoscaling_search import Search, format_search, stderr_progress
@@ -207,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
     for policy, target in policies:
         initial = policy.replicas if isinstance(policy, StaticPolicy) else warm
         r = simulate(arrivals, policy, model, initial_replicas=initial, target=target, warmup_s=args.preroll,
-                     warm=not args.fresh_memory)
+                     warm=not args.fresh_memory, windows=args.rate_windows or RateWindows(),
+                     scrape_offset_s=args.scrape_offset, sync_offset_s=args.sync_offset)
         results.append(r)
         print(f"{policy.name} {r.setting}: SLO {100 * r.slo_attainment:.2f}%, p99 wait {r.p99_queue_wait_s:.1f}s, "
               f"{r.gpu_replica_hours:.2f} GPU-h, max {r.max_replicas}", file=sys.stderr)
