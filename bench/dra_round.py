@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import copy
 import cProfile
+import dataclasses
 import json
 import pstats
 import random
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,14 +37,17 @@ from gangs.controller import GangController, finished
 from gangs.dra import DraInputs, wanted_pod
 from gangs.service import _group_member
 from gpuaas.simulate.traces import load_nodes, load_pods
-from gpuaas.workloads import dra_claim_template, dra_pod_for_demand
+from gpuaas.workloads import dra_claim_template, dra_pod_for_demand, pod_for_demand
 from runtime.draslices import resource_slices
 from runtime.pools import node_objects, pools_from_node_specs
 from scoring.clusterview import ClusterView
 from scoring.dra import claim_key
 from scoring.draview import CLAIM_KIND, SLICE_KIND
-from scoring.gangs import GANG_GATE, GangSettings, NodeFacts
+from scoring.fit import feasible
+from scoring.gangs import GANG_GATE, GangSettings, NodeFacts, place_alone
 from scoring.model import ClusterState
+from scoring.placement import Placer
+from scoring.policies import make_policy
 from scoring.simulation import inflate, simulate
 
 NS = "replay"
@@ -167,6 +171,45 @@ def new_pod(stand: Stand, i: int, demand: Any) -> None:
     stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
 
 
+def bind_cpu_pod(stand: Stand, i: int, demand: Any, reserved: ClusterState | None) -> bool:
+    """CPU-only pod i bound where the gpuaas policy ranks best among the nodes it fits on in the view's model (and,
+    with `reserved`, beside the GPU pods planned there too); False when it fits nowhere."""
+    state, _ = stand.view.snapshot()
+    state = state.copy()
+    ok = feasible(state, demand) & (feasible(reserved, demand) if reserved is not None else True)
+    choice = Placer(state, make_policy("gpuaas", state, stand.view.workload())).choose(demand, ok) \
+        if ok.any() else None
+    if choice is None:
+        return False
+    if reserved is not None:
+        reserved.place(choice.node, demand, ())
+    name = f"p{i:05d}"
+    pod = pod_for_demand(name, NS, demand)
+    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp="2026-11-24T00:00:00Z")
+    pod["spec"]["nodeName"] = state.names[choice.node]
+    pod["status"] = {"phase": "Running"}
+    stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
+    return True
+
+
+def cpu_first(stand: Stand, pods: Sequence[Any], cpu_pods: Sequence[tuple[int, Any]], *,
+              held: bool) -> list[tuple[int, Any]]:
+    """Bind the CPU-only pods before the first round (see --cpu-pods); the pods left for after the rounds."""
+    reserved = None
+    if held:  # the waiting GPU pods planned as the controller's first round will (the place-one-pod loop, in order)
+        state, _ = stand.view.snapshot()
+        reserved = state.copy()
+        workload = stand.view.workload()
+        for pod in pods:
+            if pod.gpus:
+                demand = dataclasses.replace(pod, claims=True)  # asks through its claim: DRA nodes only
+                plan = place_alone(reserved, demand, "gpuaas", workload, None)
+                if plan.ok:
+                    row, devices = plan.placements[0]
+                    reserved.place(row, demand, devices)
+    return [(i, d) for i, d in cpu_pods if not bind_cpu_pod(stand, i, d, reserved)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", required=True)
@@ -177,12 +220,19 @@ def main() -> None:
     parser.add_argument("--mode", choices=("sequential", "burst"), default="sequential")
     parser.add_argument("--pods-max", type=int, default=300, help="GPU pods replayed (the first of the list)")
     parser.add_argument("--profile", type=int, default=0, help="profile this round (1-based)")
+    parser.add_argument("--cpu-pods", choices=("none", "first", "held"), default="none",
+                        help="burst: leave the trace's CPU-only pods out (none), or bind them before the controller's "
+                             "first round, each where the gpuaas policy ranks best on the live model (first: what "
+                             "the CPU-pods entry does while the GPU pods wait gated) or only where it fits beside a "
+                             "plan of the waiting GPU pods (held; those that fit nowhere there bind after the rounds)")
     parser.add_argument("--request-ms", type=float, default=0.0,
                         help="latency of each request of the stand-in apiserver (a sleep in the writing thread)")
     args = parser.parse_args()
 
     nodes = random.Random(args.seed).sample(load_nodes(args.nodes), args.slice)
-    trace = [p for p in load_pods(args.pods) if p.gpus]
+    if args.cpu_pods != "none" and args.mode != "burst":
+        parser.error("--cpu-pods first|held is a burst's question: use it with --mode burst")
+    trace = [p for p in load_pods(args.pods) if p.gpus or args.cpu_pods != "none"]
     capacity = ClusterState(nodes).total_gpu_milli
     pods = inflate(trace, capacity, args.tune, np.random.default_rng(args.seed))[:args.pods_max]
     spec = pools_from_node_specs(nodes, dra=True)
@@ -229,16 +279,24 @@ def main() -> None:
             one_round()
     else:
         for i, demand in enumerate(pods):
-            new_pod(stand, i, demand)
+            if demand.gpus:
+                new_pod(stand, i, demand)
+        cpu_pods = [(i, d) for i, d in enumerate(pods) if not d.gpus]
+        later = cpu_first(stand, pods, cpu_pods, held=args.cpu_pods == "held") if cpu_pods else []
         while True:
             one_round()
             if not rounds[-1]["released"] or len(rounds) >= 20:
                 break
-    used = sum(d.total_gpu_milli for i, d in enumerate(pods) if stand.pods[f"{NS}/p{i:05d}"]["spec"].get("nodeName"))
+        for i, demand in later:
+            bind_cpu_pod(stand, i, demand, None)
+    used = sum(d.total_gpu_milli for i, d in enumerate(pods)
+               if f"{NS}/p{i:05d}" in stand.pods and stand.pods[f"{NS}/p{i:05d}"]["spec"].get("nodeName"))
     sim = simulate(nodes, trace, "gpuaas", args.seed, tune=args.tune)
     secs = [r["inputs_s"] + r["reconcile_s"] for r in rounds]
     print(json.dumps({
         "bench": "dra_round", "slice_nodes": args.slice, "mode": args.mode, "pods": len(pods),
+        "cpu_pods": args.cpu_pods, "cpu_only_pods": sum(1 for d in pods if not d.gpus),
+        "cpu_only_pods_bound": sum(1 for i, d in enumerate(pods) if not d.gpus and f"{NS}/p{i:05d}" in stand.pods),
         "request_ms": args.request_ms,
         "allocation_ratio": round(100 * used / capacity, 2),
         "simulator_first_pods_ratio": round(100 * sum(

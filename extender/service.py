@@ -106,7 +106,10 @@ class ExtenderService:
         verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes)
         plan = self._queue_plan(state)
         key = pod_key(args.Pod)
-        if plan is not None and plan.reserved is not None and key in self.view.queue and key not in plan.planned:
+        # A pod the plan left out, or one it does not place (asking for no GPU: a burst's CPU-only pods, with
+        # all_pods), may not take the room promised to the planned pods.
+        if plan is not None and plan.reserved is not None and key not in plan.planned and \
+                (key in self.view.queue or not demand.gpus):
             held = verdicts.hold_for_plan(verdict, plan.reserved, demand)
             self.metrics.decision("filter", "held-for-plan").inc(held)  # nodes, as feasible and failed
         if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
@@ -143,6 +146,15 @@ class ExtenderService:
             scored = verdicts.steer(state, scored, demand, planned)
             self.metrics.decision("prioritize", "steered" if scored.pick == state.names[planned]
                                           else "plan-stale").inc()
+        elif not demand.gpus:
+            # A pod asking for no GPU (the CPU-pods entry has no filter) keeps off the room promised to the planned
+            # GPU pods, a burst's gated DRA pods among them (scoring.clusterview): the nodes beside it rank first.
+            plan = self._queue_plan(state)
+            if plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
+                kept = verdicts.keep_off_plan(scored, plan.reserved, demand)
+                if kept is not scored:
+                    self.metrics.decision("prioritize", "kept-off-plan").inc()
+                scored = kept
         pick, key = scored.pick, pod_key(args.Pod)
         if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we

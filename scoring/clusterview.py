@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from scoring.constraints import HOSTNAME_LABEL
-from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold
+from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold, claim_owner
 from scoring.fit import misfit_reason
 from scoring.fragmentation import Workload
+from scoring.gangs import GANG_GATE
 from scoring.gpus import UnknownGpuModelError
 from scoring.kubeobjects import (
     DEVICES_ANNOTATION,
@@ -95,6 +96,8 @@ class ClusterView:
         self.rebuilds = 0
         self.parse_errors = 0
         self.dra = DraView()
+        self._gated_claims: dict[str, float] = {}  # pods with claims held by gpuaas's gate alone -> first seen so
+        self._claim_allocated: set[str] = set()  # pods whose generated claim is allocated
         self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
         self._rebuilding = False  # re-placing everything: the policy's node tables are made once, at the end
 
@@ -144,6 +147,7 @@ class ClusterView:
         if new is not None and key not in self.recent:
             self._learn(key, new)
         self._track_queue(key, new)
+        self._track_gated_claims(key, new)
         if new is None or not holds_resources(new):
             self.pods.pop(key, None)
             placement = self.placements.get(key)
@@ -192,6 +196,34 @@ class ClusterView:
         if demand.gpus:
             self.queue[key] = QueuedPod(key, demand, self.clock(),
                                         (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL))
+
+    def _track_gated_claims(self, key: str, pod: Obj | None) -> None:
+        """`_gated_claims`: pods with claims that only gpuaas's gate holds (the gang controller allocates their claims
+        and releases them), by the time first seen so."""
+        spec = (pod or {}).get("spec") or {}
+        held = (pod is not None and bool(spec.get("resourceClaims")) and not spec.get("nodeName")
+                and [g.get("name") for g in spec.get("schedulingGates") or ()] == [GANG_GATE]
+                and not (pod.get("metadata") or {}).get("deletionTimestamp")
+                and (pod.get("status") or {}).get("phase", "Pending") == "Pending")
+        if held and key not in self._gated_claims:
+            self._gated_claims[key] = self.clock()
+        elif not held and key in self._gated_claims:
+            del self._gated_claims[key]
+        if pod is None:
+            self._claim_allocated.discard(key)
+        self._queue_gated_claims(key)
+
+    def _queue_gated_claims(self, key: str) -> None:
+        """A pod held for the gang controller is in `queue` as the GPUs its claim asks (learned from the claim) while
+        the claim is not allocated: demand the joint plan keeps room for, so that what is ranked meanwhile (a burst's
+        CPU-only pods, through the CPU-pods entry) keeps off it. Once allocated, the claim holds its GPUs itself."""
+        shape = self.recent.get(key)
+        want = key in self._gated_claims and key not in self._claim_allocated and shape is not None and \
+            bool(shape.gpus) and shape.claims
+        if want and key not in self.queue and shape is not None:
+            self.queue[key] = QueuedPod(key, shape, self._gated_claims[key])
+        elif not want and key in self.queue and self.queue[key].demand.claims:
+            del self.queue[key]
 
     def rows_by_hostname(self) -> dict[str, int]:
         """Model row of each node by its kubernetes.io/hostname label (what a pinning nodeSelector names)."""
@@ -289,6 +321,13 @@ class ClusterView:
             if shape is not None:
                 self.recent[shape[0]] = shape[1]
                 self._new_arrivals += 1
+        owner = claim_owner(new or old or {})
+        if owner is not None:
+            if new is not None and (new.get("status") or {}).get("allocation"):
+                self._claim_allocated.add(owner)
+            else:
+                self._claim_allocated.discard(owner)
+            self._queue_gated_claims(owner)
         if before == after:
             return
         partitions = {h.node for h in (*before, *after) if h.demand.mig_profile}

@@ -123,11 +123,9 @@ class DraView:
         """For a claim generated for a pod (its owner) whose shape `learned` holds without GPUs (the pod reads as CPU
         and memory only): (pod key, that shape with the GPUs the claim asks), for the learned workload. None for a
         claim of no pod, of a pod not learned or learned with GPUs, or one gpuaas does not read."""
-        meta = claim.get("metadata") or {}
-        owner = next((o.get("name") for o in meta.get("ownerReferences") or () if o.get("kind") == "Pod"), None)
-        key = f"{meta.get('namespace', '')}/{owner}"
-        base = learned.get(key) if owner else None
-        if base is None or base.gpus:
+        key = claim_owner(claim)
+        base = learned.get(key) if key else None
+        if key is None or base is None or base.gpus:
             return None
         where = f"ResourceClaim {claim_key(claim)}"
         try:
@@ -203,6 +201,13 @@ class DraView:
                 demand = PodDemand(gpus=1, gpu_milli=MILLI, name=a.claim)
             out.append(Hold(a.pool, pos, demand, a.device))
         return tuple(out)
+
+
+def claim_owner(claim: Obj) -> str | None:
+    """The pod a claim was generated for (its owner, namespace/name), or None."""
+    meta = claim.get("metadata") or {}
+    owner = next((o.get("name") for o in meta.get("ownerReferences") or () if o.get("kind") == "Pod"), None)
+    return f"{meta.get('namespace', '')}/{owner}" if owner else None
 
 
 def _allocated(claim: Obj) -> tuple[Allocated, ...]:

@@ -145,6 +145,23 @@ def steer(state: ClusterState, scored: Priorities, pod: PodDemand, row: int) -> 
     return Priorities(scored.names, scored.rows, scores, scored.row_names[row], scored.row_names)
 
 
+def keep_off_plan(scored: Priorities, reserved: ClusterState, pod: PodDemand) -> Priorities:
+    """Rank the nodes where the pod fits beside every planned pod (`reserved`, a copy of the model `scored` was made
+    on, with the joint plan placed) above those where it would take room promised to them: the latter get 0 and the
+    former at least three, so kube-scheduler's own scores cannot undo it. For a pod the plan does not place and whose
+    entry has no filter (the CPU-pods entry): a burst's CPU-only pods keep off the CPU and memory its waiting GPU
+    pods are planned on. Unchanged when the pod fits beside the plan everywhere or nowhere."""
+    known = scored.rows >= 0
+    fits = np.zeros(len(scored.rows), dtype=bool)
+    fits[known] = feasible(reserved, pod)[scored.rows[known]]
+    if fits.all() or not fits.any():
+        return scored
+    scores = np.where(fits, np.maximum(scored.scores, 3), 0)
+    pick = scored.pick if scored.pick is not None and fits[scored.names.index(scored.pick)] else \
+        scored.names[int(np.argmax(scores))]
+    return Priorities(scored.names, scored.rows, scores, pick, scored.row_names)
+
+
 def devices_free(state: ClusterState, node: int, pod: PodDemand, devices: tuple[int, ...]) -> bool:
     """Whether `devices` on `node` can still take the pod (a choice made earlier, before other placements)."""
     if not pod.gpus:

@@ -138,3 +138,40 @@ def test_a_pod_s_claim_teaches_the_workload_what_the_pod_asks():
     view.on_change("ResourceClaim", None, claim)
     assert (view.recent["ml/p"].gpus, view.recent["ml/p"].gpu_milli, view.recent["ml/p"].cpu_milli) == (1, 250, 4000)
     assert any(s.gpu_milli == 250 for s in view.workload().shapes)
+
+
+def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated():
+    """A pod gated by gpuaas for its claims waits for the gang controller; the extender's joint plan keeps room for
+    it (what is ranked meanwhile, a burst's CPU-only pods, keeps off it): it is in the queue with the GPUs its claim
+    asks, and leaves it when its claim is allocated (the claim holds the GPUs then), when it is released, or goes."""
+    nodes, slices = cluster_objects(WHOLE)
+    view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
+           "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two"}],
+                    "schedulingGates": [{"name": "gpuaas.io/gang"}]}, "status": {"phase": "Pending"}}
+    claim = {"metadata": {"name": "p-gpu", "namespace": "ml", "ownerReferences": [{"kind": "Pod", "name": "p"}]},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "gpu.nvidia.com", "count": 2}}]}}, "status": {}}
+    view.on_change("Pod", None, pod)
+    assert "ml/p" not in view.queue  # what its claim asks is not known yet
+    view.on_change("ResourceClaim", None, claim)
+    queued = view.queue["ml/p"].demand
+    assert (queued.gpus, queued.claims, queued.cpu_milli) == (2, True, 4000)
+    other = {**pod, "spec": {**pod["spec"], "schedulingGates": [{"name": "gpuaas.io/gang"}, {"name": "other.io/x"}]}}
+    view.on_change("Pod", pod, other)
+    assert "ml/p" not in view.queue  # held by another component too: not the gang controller's to place yet
+    view.on_change("Pod", other, pod)
+    assert "ml/p" in view.queue
+    held = allocated("p-gpu", "dra-0000", "gpu-0", "gpu-1")
+    held["metadata"] = {**held["metadata"], "ownerReferences": claim["metadata"]["ownerReferences"]}
+    view.on_change("ResourceClaim", claim, held)
+    assert "ml/p" not in view.queue  # allocated: its claim holds the two GPUs
+    view.on_change("ResourceClaim", held, claim)
+    assert "ml/p" in view.queue
+    released = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
+    view.on_change("Pod", pod, released)
+    assert "ml/p" not in view.queue
+    view.on_change("Pod", released, pod)
+    view.on_change("Pod", pod, None)
+    assert "ml/p" not in view.queue and not view._gated_claims and not view._claim_allocated
