@@ -160,33 +160,69 @@ def summary_line(scheduler: str, run: dict[str, Any], gangs_total: int) -> str:
             f"{s['whole_nodes_free_at_end']} of {len(whole)}")
 
 
+def _rounded(t: float | None) -> float | None:
+    return None if t is None else round(max(0.0, t), 3)
+
+
 def services_slo(stack: Stack, simulated: dict[str, agreement.Simulated]) -> dict[str, dict[str, Any]]:
+    """Per inference service: the demo's SLO attainment, the simulator's, and what says why they differ
+    (gpuaas/demo/agreement.py)."""
+    from ..report.model import ReplicaRecord
+
+    s = stack.settings
     out = {}
-    for name, sim in simulated.items():
-        met, total = stack.served.get(name, (0, 0))
-        out[name] = {"demo": met / total if total else 0.0, "demo_requests": total,
-                     "simulated": sim.slo_attainment, "simulated_requests": sim.requests,
-                     "initial_replicas": sim.initial_replicas, "command": sim.command}
+    for svc in s.services:
+        sim = simulated[svc.name]
+        met, total = stack.served.get(svc.name, (0, 0))
+        demo = met / total if total else 0.0
+        replicas = [ReplicaRecord(pod=r.pod, listed_s=round(max(0.0, r.listed), 3), bound_s=_rounded(r.bound),
+                                  serving_s=_rounded(r.serving), gone_s=_rounded(r.gone))
+                    for r in stack.replica_times.get(svc.name, ())]
+        gpus = stack.gpus_seen.get(svc.name, [])
+        replayed = agreement.replayed(s.trace, svc, replicas, speed=s.speed, duration_s=s.duration_s,
+                                      slo_s=SLO_QUEUE_WAIT_S) if replicas else None
+        on_gpus = agreement.on_demo_gpus(s.trace, svc, [(t, held + free) for t, held, free in gpus], replicas,
+                                         speed=s.speed, duration_s=s.duration_s) if gpus else None
+        out[svc.name] = {"demo": demo, "demo_requests": total,
+                         "simulated": sim.slo_attainment, "simulated_requests": sim.requests,
+                         "initial_replicas": sim.initial_replicas, "command": sim.command,
+                         "simulated_low": sim.low, "simulated_high": sim.high, "replayed": replayed,
+                         "on_demo_gpus": on_gpus.slo_attainment if on_gpus else None,
+                         "on_demo_gpus_low": on_gpus.low if on_gpus else None,
+                         "on_demo_gpus_high": on_gpus.high if on_gpus else None,
+                         "why": agreement.explain(demo, sim.slo_attainment, sim.low, sim.high, replayed, on_gpus),
+                         "replicas": [r.model_dump() for r in replicas],
+                         "gpus": [{"t": round(t, 2), "held": held, "free": free} for t, held, free in gpus]}
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
 def print_services(record: dict[str, Any]) -> None:
-    """Per inference service: the demo's SLO attainment beside the simulator's for the same window and policy."""
+    """Per inference service: the demo's SLO attainment beside the simulator's for the same window and policy, and
+    the measurements that say why they differ."""
     print(f"\nSLO attainment (queue wait <= {SLO_QUEUE_WAIT_S:g} s) per service: the demo beside `gpuaas simulate "
-          "autoscaling` on the same trace window, ours, the same warm start, no controller memory:")
-    far = False
+          "autoscaling` on the same trace window, ours, the same warm start and rate windows, no controller memory "
+          "(over scrape and controller phases: low-high); the simulator's serving model on the demo's own replicas; "
+          "the simulator on the GPUs the demo's cluster left the service:")
     for scheduler, run in record["runs"].items():
         for name, s in (run.get("services") or {}).items():
             gap = 100 * (s["demo"] - s["simulated"])
-            far |= abs(gap) > 3
             print(f"  {scheduler:<7} {name:<11} demo {100 * s['demo']:6.2f}% ({s['demo_requests']} requests)  "
-                  f"simulated {100 * s['simulated']:6.2f}% ({s['simulated_requests']})  {gap:+.2f} points  "
+                  f"simulated {100 * s['simulated']:6.2f}% ({s['simulated_requests']}; phases "
+                  f"{_pct(s.get('simulated_low'))}-{_pct(s.get('simulated_high'))})  {gap:+.2f} points  "
+                  f"demo's replicas {_pct(s.get('replayed'))}  demo's GPUs {_pct(s.get('on_demo_gpus'))} "
+                  f"({_pct(s.get('on_demo_gpus_low'))}-{_pct(s.get('on_demo_gpus_high'))})  "
                   f"(started with {s['initial_replicas']} replicas)")
     commands = {n: s["command"] for run in record["runs"].values() for n, s in (run.get("services") or {}).items()}
     for name, command in commands.items():
         print(f"  {name}: {command}")
-    if far:
-        print(f"  more than 3 points apart: {agreement.WHY}")
+    for scheduler, run in record["runs"].items():
+        for name, s in (run.get("services") or {}).items():
+            if s.get("why"):
+                print(f"  {scheduler} {name}, more than {agreement.FAR_POINTS:g} points apart: {s['why']}")
 
 
 def idle_line(scheduler: str, idle: dict[str, Any] | None) -> str:

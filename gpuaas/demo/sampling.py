@@ -75,6 +75,18 @@ def gpus_allocated(nodes: Iterable[Obj], pods: Iterable[Obj]) -> float:
                if holds_resources(p) and p["spec"]["nodeName"] in by_name)
 
 
+def whole_gpus_free(nodes: Iterable[Obj], pods: Iterable[Obj]) -> int:
+    """Whole GPUs (`nvidia.com/gpu`) free on the GPU nodes counted in gpus_total: what a one-GPU replica could be bound
+    to now (a node's CPU and memory are not checked: the demo's GPU nodes have room for their GPUs' pods)."""
+    free = {n["metadata"]["name"]: int(str(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")))
+            for n in nodes if gpu_ready(n)}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName")
+        if node in free and holds_resources(p):
+            free[node] -= int(pod_requests(p).get(GPU_RESOURCE, 0))
+    return sum(max(0, v) for v in free.values())
+
+
 def phase_counts(pods: Iterable[Obj]) -> dict[str, int]:
     out = {"Running": 0, "Pending": 0, "Succeeded": 0, "Failed": 0}
     for p in pods:

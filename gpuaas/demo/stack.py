@@ -39,6 +39,7 @@ from extender.schedconfig import extender_entries, gpuaas_profile
 from nodescaler.config import NodeGroupConfig
 from runtime.pools import PoolSpec
 from scoring.fragmentation import Workload
+from scoring.kubeobjects import holds_resources
 
 from ..cluster.components import (
     REPO,
@@ -55,7 +56,7 @@ from ..cluster.process import free_port
 from ..cluster.prometheus import PrometheusServer
 from ..cluster.webhooks import gangs_webhook_settings, register_gangs_webhook, unregister_gangs_webhook
 from ..loadgen.dcgm import DcgmExporter, replayer_utilization
-from ..loadgen.replayer import Replayer
+from ..loadgen.replayer import Replayer, ReplicaTimes
 from ..loadgen.trace import Arrival
 from ..report.idle import section as idle_section
 from . import agreement, sampling
@@ -155,6 +156,9 @@ class Stack:
         self.idle: dict[str, Any] | None = None  # the idle-GPU report at the end of the run (run record `idle`)
         self.initial_replicas: dict[str, int] = {}
         self.served: dict[str, tuple[int, int]] = {}  # per service: (requests within the SLO, requests counted)
+        # per service, at each sample: (t, GPUs its pods hold, whole GPUs free in the cluster)
+        self.gpus_seen: dict[str, list[tuple[float, int, int]]] = {}
+        self.replica_times: dict[str, list[ReplicaTimes]] = {}  # per service, what its replayer saw of each pod
         self.gangs: ComponentProcess | None = None
         self.webhook_port = free_port()
         self.reader: sampling.ClusterReader | None = None
@@ -309,6 +313,10 @@ class Stack:
         serving = {}
         for name, replayer in self.replayers.items():
             serving[name] = self._serving(name, replayer, [p for p in pods if _in_deployment(p, name)])
+        free = sampling.whole_gpus_free(nodes, pods)
+        for name in self.replayers:
+            held = sum(1 for p in pods if _in_deployment(p, name) and holds_resources(p))
+            self.gpus_seen.setdefault(name, []).append((t, held, free))
         new = sampling.component_events(reader.events(), self._seen_events, self._epoch())
         with self._lock:
             self.events.extend(new)
@@ -359,6 +367,7 @@ class Stack:
             with r.lock:
                 self.served[name] = agreement.demo_slo(r.system.arrival_t, r.system.start_t, r.now(),
                                                        SLO_QUEUE_WAIT_S / self.settings.speed)
+            self.replica_times[name] = r.replica_times()
             r.stop()
         if self.dcgm is not None:
             self.dcgm.stop()

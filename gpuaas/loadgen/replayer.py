@@ -11,6 +11,10 @@ serves, with `namespace` and `pod` labels (scrape with honor_labels):
     gpuaas_gateway_requests_total{deployment}, gpuaas_gateway_requests_waiting{deployment}   the gateway in front
 
 A pod still starting exports nothing, like a vLLM server loading its model.
+
+The replayer also keeps, per pod, when it first listed it, when it saw it bound to a node and when it saw it Running
+(`pod_times`, on its clock): with the replicas' serving and gone times (`replica_times`), when each replica the
+Deployment was asked for actually served, which `gpuaas demo` sets against the simulator's cold-start model.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .endpoint import MetricsEndpoint
 from .serving import ServiceModel, ServingSystem
@@ -57,6 +62,26 @@ def render_metrics(system: ServingSystem, namespace: str, deployment: str) -> st
     return "\n".join(out) + "\n"
 
 
+@dataclass
+class PodTimes:
+    """When the replayer first saw one pod listed, bound to a node, and Running (its clock; None: not seen)."""
+    listed: float
+    bound: float | None = None
+    running: float | None = None
+    gone: float | None = None  # the replayer stopped routing to it (deleted, or not Running any more)
+
+
+@dataclass(frozen=True)
+class ReplicaTimes:
+    """One pod of the Deployment, on the replayer's clock: listed (about when the ReplicaSet created it), bound,
+    serving (its cold start over), gone (no longer routed to: deleted or not Running); None where it did not happen."""
+    pod: str
+    listed: float
+    bound: float | None
+    serving: float | None
+    gone: float | None
+
+
 class Replayer:
     def __init__(self, api, namespace: str, deployment: str, arrivals: list[Arrival], *,
                  model: ServiceModel = ServiceModel(), selector: str | None = None, port: int = 0,
@@ -72,6 +97,7 @@ class Replayer:
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.t0: float | None = None
+        self.pod_times: dict[str, PodTimes] = {}
         self.endpoint = MetricsEndpoint(self._render, name="replayer", port=port)
 
     @property
@@ -93,13 +119,31 @@ class Replayer:
                 and p.status.phase == "Running"}
         with self.lock:
             t = self.now()
+            for p in pods:
+                seen = self.pod_times.setdefault(p.metadata.name, PodTimes(listed=t))
+                if seen.bound is None and p.spec.node_name:
+                    seen.bound = t
+                if seen.running is None and p.metadata.name in live:
+                    seen.running = t
             self.system.advance(t)
             for r in list(self.system.replicas.values()):
                 if r.gone_at is None and not r.draining and r.name not in live:
                     self.system.remove_replica(r.name, t)
+                    if r.name in self.pod_times:
+                        self.pod_times[r.name].gone = t
             for name in live:
                 if self.system.replicas.get(name) is None:
                     self.system.add_replica(name, t, cold_start_s)
+
+    def replica_times(self) -> list[ReplicaTimes]:
+        """Every pod the replayer saw, in the order it first listed them, with when it served and was gone."""
+        with self.lock:
+            out = []
+            for name, seen in sorted(self.pod_times.items(), key=lambda kv: (kv[1].listed, kv[0])):
+                r = self.system.replicas.get(name)
+                serving = r.ready_at if r is not None and r.serving else None  # `serving` stays set once served
+                out.append(ReplicaTimes(name, seen.listed, seen.bound, serving, seen.gone))
+            return out
 
     def step(self) -> None:
         with self.lock:

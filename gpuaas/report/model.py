@@ -180,6 +180,23 @@ class IdleSection(_Record):
     error: str | None = None  # why there is no answer
 
 
+class ReplicaRecord(_Record):
+    """One pod of an inference Deployment as its load replayer saw it, in seconds since the run's start: listed
+    (about when the ReplicaSet created it), bound to a node, serving (its cold start over), gone (not routed to)."""
+    pod: str
+    listed_s: Seconds
+    bound_s: Measured = None
+    serving_s: Measured = None
+    gone_s: Measured = None
+
+
+class GpuSample(_Record):
+    """At a sample: the GPUs an inference Deployment's pods held, and the whole GPUs free in the cluster."""
+    t: Seconds
+    held: Count
+    free: Count
+
+
 class ServiceSLO(_Record):
     """One inference service: the SLO attainment the demo measured beside what `gpuaas simulate autoscaling` gives for
     the same trace window and policy (gpuaas/demo/agreement.py)."""
@@ -189,6 +206,15 @@ class ServiceSLO(_Record):
     simulated_requests: Count
     initial_replicas: Count
     command: str
+    simulated_low: Fraction = None  # the simulator's lowest and highest over scrape and controller phases
+    simulated_high: Fraction = None
+    replayed: Fraction = None  # the simulator's serving model on the demo's own replicas
+    on_demo_gpus: Fraction = None  # the simulator limited to the GPUs the demo's cluster left the service
+    on_demo_gpus_low: Fraction = None  # the same over scrape and controller phases
+    on_demo_gpus_high: Fraction = None
+    why: str = ""  # why the demo and the simulator are more than 3 points apart, from the measurements above
+    replicas: list[ReplicaRecord] = Field(default_factory=list)
+    gpus: list[GpuSample] = Field(default_factory=list)
 
 
 class Run(_Record):

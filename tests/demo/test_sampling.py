@@ -18,6 +18,7 @@ from gpuaas.demo.sampling import (
     serving_interval,
     settled,
     slo_counts,
+    whole_gpus_free,
 )
 from gpuaas.demo.timeline import build_timeline, timeline_workload
 from gpuaas.workloads import gpu_deployment, gpu_pod
@@ -87,6 +88,19 @@ def test_sample_of_a_cluster():
                                         "queue_wait_p99_s": 1.5, "slo_attainment": 0.9}}
     # One GPU taken on a node: its 7 free GPUs still take 1-, 2- and 4-GPU pods but not the 8-GPU ones.
     assert 0 < s["fragmentation_ratio"] < 0.2
+
+
+def test_whole_gpus_free_are_what_a_one_gpu_replica_could_take():
+    # 4 A100 and 2 H100 nodes of 8 whole GPUs (the MIG nodes advertise MIG instances, no whole GPU): 48. Held: 8 + 1;
+    # a MIG instance holds no whole GPU, a finished pod nothing, a pending one nothing; a booting node adds none yet
+    group = NodeGroupConfig.from_pool(next(p for p in POOLS.pools if p.autoscale))
+    nodes = fleet() + [ready(render_node(group, "a100-burst-abc", NOW))]
+    pods = [bound(gpu_pod("a", gpus=8), "a100-0000"), bound(gpu_pod("b", gpus=1), "a100-0001"),
+            bound(gpu_pod("c", mig="1g.10gb"), "a100-mig-0000"),
+            bound(gpu_pod("done", gpus=2, complete_after="5s"), "a100-0002", phase="Succeeded"),
+            pending(gpu_pod("big", gpus=16))]
+    assert whole_gpus_free(nodes, pods) == 48 - 9
+    assert whole_gpus_free(nodes, []) == 48
 
 
 def test_fragmentation_grows_when_pods_are_spread():

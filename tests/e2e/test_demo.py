@@ -92,6 +92,19 @@ def test_demo_writes_the_report_and_its_final_state_is_what_kubectl_shows(tmp_pa
             # per service, the demo's SLO attainment beside the simulator's for the same window and policy
             assert set(r.services) == {"llm-code", "llm-code-b"}, r.services
             assert all(s.demo_requests > 0 and s.simulated_requests > 0 for s in r.services.values()), r.services
+            for name, s in r.services.items():
+                assert s.simulated_low is not None and s.simulated_high is not None
+                assert s.simulated_low - 1e-9 <= s.simulated <= s.simulated_high + 1e-9, (name, s)
+                # what the replayer saw of each pod, in order: the warm ones serving at once
+                warm = [p for p in s.replicas if p.serving_s is not None and p.serving_s < 1.0]  # no cold start
+                assert len(warm) == s.initial_replicas, (name, s.replicas)
+                for p in s.replicas:
+                    assert p.bound_s is None or p.listed_s <= p.bound_s, p
+                    assert p.serving_s is None or (p.bound_s is not None and p.bound_s <= p.serving_s), p
+                assert s.gpus and all(g.held <= s.initial_replicas + 16 for g in s.gpus), s.gpus
+                # the simulator's serving model on the demo's own replicas counts what the demo counted
+                assert s.replayed is not None and abs(s.replayed - s.demo) <= 0.01, (name, s.replayed, s.demo)
+                assert s.on_demo_gpus is not None
         # gpuaas: gangs submitted as a user writes them, gated by the webhook, released whole by the controller
         gpuaas_run = record.runs["gpuaas"]
         assert Counter(e.kind for e in gpuaas_run.events)["GangReleased"] >= 1, gpuaas_run.events
