@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.config import ConfigError, load_config
+from runtime.draslices import resource_slices
 from runtime.leader import LeaderElectionConfig as LeaseConfig
 from runtime.pools import Pool, PoolSpecError, node_objects, parse_pool_spec
+from scoring.dra import dra_node_spec
+from scoring.dramodel import dra_cluster, dra_model
 from scoring.kubeobjects import node_spec
-from scoring.model import NodeSpec
+from scoring.model import ClusterState, NodeSpec
 from scoring.policies import known_policy
 
 ENV_PREFIX = "GPUAAS_NODESCALER_"
@@ -178,17 +182,39 @@ class NodeGroupConfig(_Strict):
         return node_objects(self.pool)[0]
 
     @cached_property
+    def rendered_slices(self) -> list[dict[str, Any]]:
+        """A DRA group's node's ResourceSlices, as the driver publishes them (runtime/draslices.py); [] otherwise."""
+        return resource_slices(self.pool, self.rendered_node["metadata"]["name"])
+
+    @cached_property
     def rendered_spec(self) -> NodeSpec:
+        if self.pool.dra:  # the GPUs are the slices' (scoring.dra), as the extender's and the gangs' models read them
+            return dra_node_spec(self.rendered_node, self.rendered_slices)
         return node_spec(self.template_node())  # scoring.kubeobjects.node_spec (the module's, not this method)
 
     def template_node(self) -> dict[str, Any]:
         """The Node object the template renders (runtime/pools.node_objects), computed once; a copy each call."""
         return copy.deepcopy(self.rendered_node)
 
-    def node_spec(self, name: str) -> NodeSpec:
+    def node_spec(self, name: str, mig_wanted: Mapping[str, int] | None = None) -> NodeSpec:
         """The model of one node of this group, read back from the Node object the template renders, so the model of
-        an upcoming node is exactly what scoring.kubeobjects will read once the node is there."""
-        return dataclasses.replace(self.rendered_spec, name=name)
+        an upcoming node is exactly what scoring.kubeobjects (scoring.dra for a DRA group) will read once the node is
+        there. `mig_wanted` (MIG profile -> pods waiting for one): a DRA node's GPUs are partitioned only as claims
+        ask, so its idle GPUs that offer those profiles are opened for them, as few as cover the wait, as the gang
+        controller opens a live node's (scoring.dramodel.dra_model); no effect on other groups."""
+        wanted = tuple(sorted((p, n) for p, n in (mig_wanted or {}).items() if n > 0))
+        spec = self._opened_spec(wanted) if wanted and self.pool.dra else self.rendered_spec
+        return dataclasses.replace(spec, name=name)
+
+    def _opened_spec(self, wanted: tuple[tuple[str, int], ...]) -> NodeSpec:
+        cache = self.__dict__.setdefault("_opened", {})  # as cached_property: not a field
+        if wanted not in cache:
+            name = self.rendered_node["metadata"]["name"]
+            model = dra_model(ClusterState([self.rendered_spec]), {name: self.rendered_node},
+                              dra_cluster(self.rendered_slices, ()), self.rendered_slices, dict(wanted))
+            cache[wanted] = model.state.nodes[0]
+        spec: NodeSpec = cache[wanted]
+        return spec
 
     def template_constraints(self) -> tuple[dict[str, str], tuple]:
         """(labels, taints) of a node of this group, for the pods' nodeSelector, affinity and tolerations."""

@@ -16,7 +16,9 @@ provider-neutral `runtime/pools.node_objects` and made kwok's by `kwok_node`, bu
 the annotation `gpuaas.io/kwok-gpu-resources` and the time they appear in `gpuaas.io/kwok-gpu-ready-at` (now +
 `provisioning_delay_s`), and the label `gpuaas.io/kwok-gpu-registering`. The harness's node agent
 (`gpuaas/cluster/migmanager.py`, playing the device plugin and the MIG manager) publishes them at that time, so the
-delay survives a restart of the node scaler, as a cloud's would.
+delay survives a restart of the node scaler, as a cloud's would. A node of a DRA group has no GPU resource to hold
+back: its GPUs are ResourceSlices, which the node agent publishes at that time from the template the node carries
+(`gpuaas.io/kwok-dra-template`), as the NVIDIA DRA driver's kubelet plugin does once the driver is up.
 
 This module is the one place in the components that knows KWOK: what makes a Node one kwok plays (`kwok_node`, also
 applied by the local cluster harness to its pools' nodes) and the held-GPU protocol with the harness's node agent.
@@ -48,6 +50,10 @@ KWOK_TYPE_LABEL = "type"  # `type: kwok`, the label kwok's examples select its n
 REGISTERING_LABEL = "gpuaas.io/kwok-gpu-registering"  # set by the KWOK provider until the GPUs are published
 GPU_RESOURCES_ANNOTATION = "gpuaas.io/kwok-gpu-resources"  # the GPU resources to publish (JSON)
 GPU_READY_AT_ANNOTATION = "gpuaas.io/kwok-gpu-ready-at"  # when to publish them (epoch seconds)
+# A DRA group's node (template `dra: true`) advertises no GPU resource: its GPUs are the ResourceSlices the NVIDIA DRA
+# driver's kubelet plugin publishes once the driver is up. The template (JSON) says what the node agent publishes then
+# (runtime/draslices.py), at the same ready time.
+DRA_TEMPLATE_ANNOTATION = "gpuaas.io/kwok-dra-template"
 
 
 class ProviderError(RuntimeError):
@@ -190,7 +196,9 @@ def render_node(group: NodeGroupConfig, name: str, now: float) -> dict[str, Any]
     meta["annotations"][REQUESTED_AT_ANNOTATION] = f"{now:.3f}"
     held = {k: v for k, v in node["status"]["allocatable"].items()
             if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)}
-    if held:
+    if group.pool.dra:
+        meta["annotations"][DRA_TEMPLATE_ANNOTATION] = json.dumps(group.template, sort_keys=True)
+    if held or group.pool.dra:
         meta["annotations"][GPU_RESOURCES_ANNOTATION] = json.dumps(held, sort_keys=True)
         meta["annotations"][GPU_READY_AT_ANNOTATION] = f"{now + group.provisioning_delay_s:.3f}"
         meta["labels"][REGISTERING_LABEL] = "true"

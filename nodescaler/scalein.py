@@ -5,6 +5,11 @@ A node is a candidate when it belongs to a configured group above its min_size, 
 or `karpenter.sh/do-not-disrupt`, and its GPU requests have stayed below `utilization_threshold` of its GPUs for
 `unneeded_s` (GPU only, as cluster-autoscaler judges GPU nodes: a CPU pod does not keep a GPU node alive).
 
+On a DRA node the GPUs in use are the devices of its allocated ResourceClaims, whoever allocated them (the model holds
+them as a bound pod's); a pod bound there moves with what its claims ask (nodescaler.snapshot), through the same
+drain. A node with a claim allocated for a pod not bound yet (no `reservedFor`: the gang controller allocated it and
+released the pod) is not a candidate: that pod is on its way there.
+
 A node in service (GPU-ready once, or with pods bound) that has been unready for `unready_drain_s` is drained too, as
 cluster-autoscaler treats long-unready nodes: through the same cordon, Eviction API and re-checked delete as an idle
 node, never deleted with pods bound. Until then it is left alone with its pods.
@@ -167,6 +172,9 @@ def candidates(r: Round) -> list[NodeInfo]:
             continue
         if r.group_left.get(n.group, 0) <= 0:
             r.skipped[n.name] = f"group {n.group} is at min_size {group.min_size}"
+            continue
+        if n.claims_on_the_way:
+            r.skipped[n.name] = f"claim {n.claims_on_the_way[0]} is allocated on it for a pod not bound yet"
             continue
         row = snap.state.index[n.name]
         waiting = next((p for p in pending if feasible(snap.state, p.known_demand)[row]), None)

@@ -12,6 +12,12 @@ In order, each step only sees the pods the previous one left:
 5. gangs gpuaas holds whole (`ClusterSnapshot.waiting_gangs`: gated members are not pending pods), each as one unit:
    capacity for all of its members or for none.
 
+DRA nodes (docs/devices.md, "DRA mode"): pods asking through claims go to DRA nodes only (`NodeSpec.dra`), a pod gpuaas
+holds for its claims alone is pending like any (nodescaler.snapshot). A DRA GPU is partitioned only when a MIG claim
+is allocated on it, so for MIG pods the what-if opens idle DRA GPUs that offer their profiles, on live nodes
+(`open_dra_mig`: scoring.dramodel.dra_model, as the gang controller does), on nodes on their way and in the templates
+of new nodes (`NodeGroupConfig.node_spec`). Step 3 never touches a DRA node: it has no MIG manager.
+
 Placement in steps 1-3 is the extender's decision code (`scoring.placement.Placer`: the fit rules, the policy's score
 and device choice), run on a copy of the model.
 """
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from scoring.constraints import NodeConstraints, allows
+from scoring.dramodel import dra_cluster, dra_model
 from scoring.fit import feasible
 from scoring.gpus import MigLayoutError, mig_configs_for, model_by_product
 from scoring.kubeobjects import ObjectError, gpu_replicas
@@ -123,6 +130,21 @@ def placement_order(pod: PodInfo) -> tuple:
     return (-d.total_gpu_milli, -d.cpu_milli, pod.unschedulable_since or 0.0, pod.created, pod.key)
 
 
+def mig_wanted(pods: Iterable[PodInfo]) -> dict[str, int]:
+    """MIG profile -> pods asking for one through claims (the profiles DRA GPUs are opened for)."""
+    return dict(Counter(p.known_demand.mig_profile for p in pods if p.claims and p.known_demand.mig_profile))
+
+
+def open_dra_mig(snap: ClusterSnapshot, state: ClusterState, wanted: Mapping[str, int]) -> ClusterState:
+    """`state` (the snapshot's model, or a copy of it) with idle GPUs of the DRA nodes opened for the `wanted` MIG
+    profiles when the partitions in use leave too little room for them (scoring.dramodel.dra_model); `state` itself
+    when nothing is wanted or no node is a DRA node."""
+    if not wanted or not snap.dra_nodes:
+        return state
+    return dra_model(state, snap.dra_nodes, dra_cluster(snap.dra_slices, snap.dra_claims), snap.dra_slices,
+                     wanted).state
+
+
 def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
     """The model of a node whose MIG layout is being changed, as it will be once the MIG manager is done."""
     model = model_by_product(node.product) if node.product else None
@@ -141,11 +163,12 @@ def _mig_target_spec(node: NodeInfo) -> NodeSpec | None:
                     gpu_replicas=1 if layout else replicas)
 
 
-def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig,
-                   requested: Iterable[Upcoming]) -> tuple[list[NodeSpec], list[tuple[Mapping[str, str], tuple]]]:
+def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig, requested: Iterable[Upcoming],
+                   mig: Mapping[str, int] | None = None) -> tuple[list[NodeSpec], Rows]:
     """Capacity on its way, with each node's (labels, taints): booting nodes of managed groups (as their template),
     nodes asked for and not yet seen, and nodes in the middle of a MIG repartition (as their new layout). A node in
-    service that went unready is not on its way: nothing says it comes back, and pods must not wait for it."""
+    service that went unready is not on its way: nothing says it comes back, and pods must not wait for it. `mig`:
+    MIG profiles pods wait for through claims, for which a DRA template's idle GPUs are opened."""
     specs: list[NodeSpec] = []
     rows: list[tuple[Mapping[str, str], tuple]] = []
     for n in snap.nodes.values():
@@ -157,7 +180,7 @@ def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig,
         if n.booting and group is not None:
             # As the template says, not as it looks now: a registering node carries the lifecycle controller's
             # not-ready taint, which will be gone when its GPUs are there.
-            specs.append(group.node_spec(n.name))
+            specs.append(group.node_spec(n.name, mig))
             rows.append(group.template_constraints())
         elif n.mig_pending and not n.booting:
             spec = _mig_target_spec(n)
@@ -167,7 +190,7 @@ def upcoming_specs(snap: ClusterSnapshot, config: NodeScalerConfig,
     for u in requested:
         group = config.group(u.group)
         if u.name not in snap.nodes and group is not None:
-            specs.append(group.node_spec(u.name))
+            specs.append(group.node_spec(u.name, mig))
             rows.append(group.template_constraints())
     return specs, rows
 
@@ -184,7 +207,7 @@ def _idle_mig_nodes(state: ClusterState, rows: Sequence[int]) -> list[int]:
     for n in rows:
         if not state.gpu_count[n] or state.cpu_left[n] < 0:
             continue
-        if not state.models[state.model_idx[n]].mig_capable:
+        if not state.models[state.model_idx[n]].mig_capable or state.dra_rows[n]:  # DRA: no MIG manager
             continue
         if any(p.gpus for p, _ in state.pods_on[n]):
             continue
@@ -314,7 +337,8 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     if not pending and not gangs:
         return out
     # 1. fits on a node that can take it now
-    state = snap.state.copy()
+    wanted = mig_wanted([*pending, *(m for members in gangs.values() for m in members)])
+    state = open_dra_mig(snap, snap.state.copy(), wanted)
     block_rows(state, unavailable_rows(snap))
     booting_rows = [state.index[n.name] for n in snap.nodes.values() if n.name in state.index and n.booting]
     block_rows(state, booting_rows)
@@ -322,7 +346,7 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     placed, left = place_greedy(state, pending, cfg.policy, snap.workload, rows)
     out.fit_now = [p.key for p, _ in placed]
     # 2. fits on capacity already on its way
-    upcoming, up_rows = upcoming_specs(snap, config, requested)
+    upcoming, up_rows = upcoming_specs(snap, config, requested, wanted)
     up_state = ClusterState(upcoming)
     if upcoming and left:
         placed, left = place_greedy(up_state, left, cfg.policy, snap.workload, up_rows)
@@ -400,8 +424,9 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
                     grows: dict[str, list]) -> None:
     """cheapest_nodes for pods that accept the same groups; records grows and unplaceable pods, uses up room."""
     groups = []
+    wanted = mig_wanted(left)
     for g in candidates:
-        template = g.node_spec(f"{g.name}-template")
+        template = g.node_spec(f"{g.name}-template", wanted)
         bound = nodes_needed(template, left, room[g.name], g.template_constraints())
         if bound:
             groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))

@@ -1,4 +1,6 @@
-"""`gpuaas nodescaler` as a process: informers on Nodes, Pods and PodDisruptionBudgets feed a live model; a loop runs
+"""`gpuaas nodescaler` as a process: informers on Nodes, Pods and PodDisruptionBudgets (and, where the cluster serves
+resource.k8s.io/v1, ResourceSlices, ResourceClaims and ResourceClaimTemplates: runtime/drainformers.py) feed a live
+model; a loop runs
 `NodeScaler.run_once` every `interval_s`, and at once (after a 0.2 s batching pause) when a pod turns unschedulable;
 a Lease elector thread decides whether this replica may act; /metrics, /healthz, /readyz on a small aiohttp app.
 
@@ -16,11 +18,13 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from runtime.drainformers import TEMPLATE_KIND, dra_informers
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
 from runtime.leader import component_elector
 from runtime.lifecycle import serve_with_elector
 from scoring.clusterview import ClusterView
+from scoring.draview import CLAIM_KIND, SLICE_KIND
 
 from .config import NodeScalerConfig
 from .controller import KubeCluster, NodeScaler
@@ -49,6 +53,7 @@ class Service:
         self.view = ClusterView(config.scale_out.policy)
         self.trigger = asyncio.Event()
         self.informers: list[Informer] = []
+        self.dra: dict[str, Informer] = {}  # kind -> informer of the DRA objects (none where not served)
         self.reconciles = 0
         self.first_reconcile_at: float | None = None  # wall time of the first reconcile since this replica led
         self._new_leader = False  # the trigger was set by winning the lease: reconcile without the batching pause
@@ -122,12 +127,17 @@ class Service:
     def _apply_change(self, kind: str, old, new) -> None:
         self.view.on_change(kind, old, new)
         if kind == "Pod" and new is not None and not (new.get("spec") or {}).get("nodeName"):
-            info = pod_info(new)
-            if info.unschedulable and info.gpu and not (old and pod_info(old).unschedulable):
+            claims, templates = self._store(CLAIM_KIND), self._store(TEMPLATE_KIND)
+            info = pod_info(new, claims, templates)
+            if info.unschedulable and info.gpu and not (old and pod_info(old, claims, templates).unschedulable):
                 self.trigger.set()
 
+    def _store(self, kind: str) -> dict:
+        inf = self.dra.get(kind)
+        return inf.store if inf is not None else {}
+
     async def _loop(self, stop: asyncio.Event) -> None:
-        nodes, pods, pdbs = self.informers
+        nodes, pods, pdbs = self.informers[:3]
         for inf in self.informers:
             await inf.synced.wait()
         log.info("informers synced: %d nodes, %d pods, %d PDBs", len(nodes.store), len(pods.store), len(pdbs.store))
@@ -155,7 +165,9 @@ class Service:
                 log.warning("discovering node groups: %s", err)
             try:
                 snap = build_snapshot(nodes.store.values(), pods.store.values(), pdbs.store.values(), now,
-                                      view=self.view)
+                                      view=self.view, slices=self._store(SLICE_KIND).values(),
+                                      claims=self._store(CLAIM_KIND).values(),
+                                      templates=self._store(TEMPLATE_KIND).values())
                 report = await asyncio.to_thread(self.scaler.run_once, now, snap)
             except Exception:
                 log.exception("reconcile failed")
@@ -202,6 +214,8 @@ class Service:
                 Informer(endpoint, "/api/v1/pods", kind="Pod", on_change=self._on_change),
                 Informer(endpoint, "/apis/policy/v1/poddisruptionbudgets", kind="PodDisruptionBudget"),
             ]
+            self.dra = await dra_informers(session, endpoint, self._on_change, templates=True)
+            self.informers += list(self.dra.values())
             tasks = [asyncio.create_task(i.run(session)) for i in self.informers]
             loop_task = asyncio.create_task(self._loop(stop))
             await stop.wait()

@@ -3,18 +3,29 @@ read once into frozen records plus the scoring model of the GPU-ready nodes. Pur
 
 The scoring model is built by `scoring.clusterview.ClusterView`, as in the extender (the one code path that turns Nodes
 and bound Pods into a `ClusterState`), so the node scaler's what-if sees the cluster exactly as the extender does.
+
+DRA (docs/devices.md, "DRA mode"): the view also takes ResourceSlices and ResourceClaims, so a DRA node has the GPUs
+its slices publish and every allocated claim holds its devices. A DRA node is GPU-ready once its pool's slices are
+all published (the driver's kubelet plugin publishes them once the driver is up). A pod's GPUs are what its claims
+ask (`scoring.draclaims.pod_dra`, a ResourceClaimTemplate's spec for a claim not generated yet): a pod gpuaas holds
+for its claims (gate `gpuaas.io/gang`, in no group: a gang of one) is a pending GPU pod like one kube-scheduler
+found unschedulable, and a bound pod moves with the GPUs its claims hold.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from scoring.clusterview import ClusterView
 from scoring.constraints import Expr, NodeConstraints, Taint, matches, node_taints
+from scoring.dra import DRA_LABEL, allocated_devices, claim_key
+from scoring.draclaims import PodDra, UnsupportedClaim, combined_demand, has_claims, pod_dra
+from scoring.draview import CLAIM_KIND, SLICE_KIND
 from scoring.gangs import GANG_GATE, RELEASED_ANNOTATION, GroupError, gates, group_of
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
 from scoring.kubeobjects import (
@@ -109,6 +120,10 @@ class NodeInfo:
     # node and the request would both count as capacity on its way).
     claim: str = ""
     registering: bool = False  # carries UNREGISTERED_TAINT: Karpenter has not registered it yet
+    dra: bool = False  # labelled gpuaas.io/dra: its GPUs are ResourceSlices (gpu_ready: all of them published)
+    # Claims allocated on the node that no pod holds yet (status.reservedFor empty): their pods are on their way (the
+    # gang controller allocated them before releasing the pods), so the node is not empty.
+    claims_on_the_way: tuple[str, ...] = ()
 
     @property
     def booting(self) -> bool:
@@ -143,6 +158,7 @@ class PodInfo:
     problem: str = ""
     constraints: NodeConstraints = NodeConstraints()
     gang: str = ""  # the group gpuaas holds this pod in (scoring.gangs): gated, waiting to be placed whole
+    claims: bool = False  # its GPUs come through DRA ResourceClaims of gpuaas's classes (demand: what they ask)
 
     @property
     def daemon(self) -> bool:
@@ -190,6 +206,11 @@ class ClusterSnapshot:
     state: ClusterState  # GPU-ready nodes and everything bound to them; decisions copy it before changing it
     unreadable: dict[str, str] = field(default_factory=dict)  # object key -> why it could not be read
     workload: Any = None  # the pod shapes the policy weighs (scoring.fragmentation.Workload), as the extender learns it
+    # DRA: the Node objects labelled gpuaas.io/dra by name, and every ResourceSlice and ResourceClaim, for the what-if
+    # that opens idle DRA GPUs for waiting MIG pods (scoring.dramodel.dra_model; nodescaler.scaleout.open_dra_mig).
+    dra_nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    dra_slices: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    dra_claims: Sequence[Mapping[str, Any]] = field(default_factory=list)
     _claims: set[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def pods_on(self, node: str) -> list[PodInfo]:
@@ -234,7 +255,9 @@ def _allocatable_gpus(node: Obj) -> int:
     return total
 
 
-def node_info(node: Obj) -> NodeInfo:
+def node_info(node: Obj, dra_ready: bool | None = None, claims_on_the_way: tuple[str, ...] = ()) -> NodeInfo:
+    """`dra_ready`: for a DRA node (gpuaas.io/dra), whether its pool's ResourceSlices are all published (None: not
+    known, taken as not); `claims_on_the_way`: claims allocated on it that no pod holds yet."""
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
     ann = meta.get("annotations") or {}
@@ -251,13 +274,16 @@ def node_info(node: Obj) -> NodeInfo:
     except ObjectError:
         cpu = mem = 0
     drain = DrainRecord.from_json(ann[DRAIN_ANNOTATION]) if DRAIN_ANNOTATION in ann else None
+    dra = labels.get(DRA_LABEL) == "true"
     try:
         seen = float(ann[GPU_READY_SEEN_ANNOTATION]) if GPU_READY_SEEN_ANNOTATION in ann else None
     except ValueError:
         seen = 0.0  # present but unreadable: it was written, so the node was ready once
     return NodeInfo(
         name=meta["name"], group=labels.get(POOL_LABEL, ""), created=parse_time(meta.get("creationTimestamp")) or 0.0,
-        ready=conds.get("Ready") == "True", gpus=gpus, gpu_ready=gpus == 0 or _allocatable_gpus(node) > 0,
+        ready=conds.get("Ready") == "True", gpus=gpus,
+        gpu_ready=gpus == 0 or (bool(dra_ready) if dra else _allocatable_gpus(node) > 0), dra=dra,
+        claims_on_the_way=claims_on_the_way,
         unschedulable=bool(spec.get("unschedulable")), drain=drain,
         scale_down_disabled=ann.get(SCALE_DOWN_DISABLED) == "true" or ann.get(DO_NOT_DISRUPT) == "true",
         mig_config=labels.get(MIG_CONFIG_LABEL), mig_state=labels.get(MIG_STATE_LABEL),
@@ -273,7 +299,9 @@ def _owner_claim(meta: Obj) -> str:
                  if o.get("kind") == "NodeClaim" and str(o.get("apiVersion", "")).startswith("karpenter.sh/")), "")
 
 
-def pod_info(pod: Obj) -> PodInfo:
+def pod_info(pod: Obj, claims: Mapping[str, Obj] | None = None, templates: Mapping[str, Obj] | None = None) -> PodInfo:
+    """`claims`, `templates`: the ResourceClaims and ResourceClaimTemplates by namespace/name, for a pod with
+    spec.resourceClaims (None: such a pod's GPUs are not read)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -282,6 +310,8 @@ def pod_info(pod: Obj) -> PodInfo:
     for c in status.get("conditions") or ():
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
             unsched, since = True, parse_time(c.get("lastTransitionTime"))
+    if claims is not None and has_claims(pod):
+        return _dra_pod_info(pod, claims, templates or {})
     owners = meta.get("ownerReferences") or ()
     owner = next((o.get("kind", "") for o in owners if o.get("controller")),
                  owners[0].get("kind", "") if owners else "")
@@ -302,6 +332,40 @@ def pod_info(pod: Obj) -> PodInfo:
         owner_kind=owner, safe_to_evict=None if safe is None else safe == "true",
         do_not_disrupt=ann.get(DO_NOT_DISRUPT) == "true", grace_s=int(spec.get("terminationGracePeriodSeconds", 30)),
         labels=dict(meta.get("labels") or {}), gpu=gpu, problem=problem, constraints=NodeConstraints.of(pod))
+
+
+def _dra_pod_info(pod: Obj, claims: Mapping[str, Obj], templates: Mapping[str, Obj]) -> PodInfo:
+    """A pod with spec.resourceClaims: its GPUs are what its claims of gpuaas's classes ask. Not bound: the claims
+    not allocated yet (templates' for claims not generated yet), as the gang controller places it; bound: all of
+    them, the GPUs it takes along when it moves. A pod gpuaas holds for its claims alone (its gate, no group, not
+    released) is pending for GPUs: unschedulable since it was created, as if kube-scheduler had found no node."""
+    base = pod_info(pod)
+    spec = pod.get("spec") or {}
+    try:
+        dra = pod_dra(pod, claims, templates)
+    except (ObjectError, UnsupportedClaim, UnknownGpuModelError, ValueError) as err:
+        return dataclasses.replace(base, demand=None, gpu=False, problem=str(err))
+    if dra is None or not dra.ours:
+        return base
+    demand = _held_demand(pod, dra) if spec.get("nodeName") else dra.demand
+    held = not base.gang and gates(pod) == (GANG_GATE,) and not spec.get("nodeName") and \
+        RELEASED_ANNOTATION not in ((pod.get("metadata") or {}).get("annotations") or {}) and \
+        _ungrouped(pod) and demand.gpus > 0
+    return dataclasses.replace(base, demand=demand, gpu=demand.gpus > 0, claims=True,
+                               unschedulable=base.unschedulable or held,
+                               unschedulable_since=base.unschedulable_since or (base.created if held else None))
+
+
+def _held_demand(pod: Obj, dra: PodDra) -> PodDemand:
+    """CPU and memory with the GPUs of every claim of the pod, allocated or not."""
+    return combined_demand(pod_demand(pod), [c.demand for c in dra.claims], f"pod {pod_key(pod)}")
+
+
+def _ungrouped(pod: Obj) -> bool:
+    try:
+        return group_of(pod) is None
+    except GroupError:
+        return False
 
 
 def _waiting_gang(pod: Obj) -> str:
@@ -327,23 +391,55 @@ def pdb_info(pdb: Obj) -> PdbInfo:
 
 
 def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], pdbs: Iterable[Obj], now: float,
-                   policy: str = "gpuaas", view: ClusterView | None = None) -> ClusterSnapshot:
+                   policy: str = "gpuaas", view: ClusterView | None = None, *, slices: Iterable[Obj] = (),
+                   claims: Iterable[Obj] = (), templates: Iterable[Obj] = ()) -> ClusterSnapshot:
     """Records for every object, and the scoring model of the nodes that can take pods now (Ready, GPUs advertised,
     no MIG repartition under way) with the pods bound to them.
 
-    `view`: a live ClusterView already fed with these objects (the controller keeps one fed by its informers, so a
-    reconcile does not rebuild the model of a thousand nodes); None builds one here, as the extender builds its own."""
-    nodes, pods = list(nodes), list(pods)
-    infos = {n["metadata"]["name"]: node_info(n) for n in nodes}
-    pod_infos = [pod_info(p) for p in pods]
+    `view`: a live ClusterView already fed with these objects, ResourceSlices and ResourceClaims included (the
+    controller keeps one fed by its informers, so a reconcile does not rebuild the model of a thousand nodes); None
+    builds one here, as the extender builds its own. `slices`, `claims`, `templates`: the ResourceSlices,
+    ResourceClaims and ResourceClaimTemplates (DRA; empty where the cluster serves none)."""
+    nodes, pods, claims = list(nodes), list(pods), list(claims)
     if view is None:
         view = ClusterView(policy)
         for n in nodes:
             view.on_change("Node", None, n)
+        for s in slices:
+            view.on_change(SLICE_KIND, None, s)
+        for c in claims:
+            view.on_change(CLAIM_KIND, None, c)
         for p in pods:
             view.on_change("Pod", None, p)
+    on_the_way = _claims_on_the_way(claims)
+    infos = {}
+    for n in nodes:
+        name = n["metadata"]["name"]
+        infos[name] = node_info(n, view.dra.pool(name) is not None, tuple(on_the_way.get(name, ())))
+    by_key = {claim_key(c): c for c in claims}
+    by_template = {f"{(t.get('metadata') or {}).get('namespace', '')}/{(t.get('metadata') or {}).get('name', '')}": t
+                   for t in templates}
+    pod_infos = [pod_info(p, by_key, by_template) for p in pods]
     state, _ = view.snapshot()
     unreadable = dict(view.bad_nodes)
     unreadable.update({p.key: p.problem for p in pod_infos if p.problem})
+    dra_nodes = {name: n for n in nodes if (name := n["metadata"]["name"]) in infos and infos[name].dra}
     return ClusterSnapshot(now=now, nodes=infos, pods=pod_infos, pdbs=[pdb_info(x) for x in pdbs], state=state.copy(),
-                    unreadable=unreadable, workload=view.workload())
+                           unreadable=unreadable, workload=view.workload(), dra_nodes=dra_nodes,
+                           dra_slices=list(view.dra.slices.values()) if dra_nodes else [],
+                           dra_claims=claims if dra_nodes else [])
+
+
+def _claims_on_the_way(claims: Iterable[Obj]) -> dict[str, list[str]]:
+    """node -> claims allocated on it (results in its pool: the driver names the pool after the node) that no pod
+    holds yet (status.reservedFor empty)."""
+    out: dict[str, list[str]] = {}
+    for c in claims:
+        try:
+            allocated = allocated_devices(c)
+        except (ObjectError, ValueError):
+            continue
+        if allocated and not allocated[0].reserved_for:
+            for pool in sorted({a.pool for a in allocated}):
+                out.setdefault(pool, []).append(claim_key(c))
+    return out

@@ -220,8 +220,6 @@ class Pool(_Strict):
         if self.dra and self.gpu is not None and self.gpu.shares:
             raise ValueError("gpu.shares is a sharing device plugin's; a dra pool shares GPUs through claims of class "
                              "gpu-share.gpuaas.io")
-        if self.dra and self.autoscale is not None:
-            raise ValueError("dra pools cannot autoscale yet (the node scaler does not publish ResourceSlices)")
         return self
 
     @model_validator(mode="after")

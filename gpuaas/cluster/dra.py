@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from runtime.draslices import device_classes, resource_slices
-from runtime.pools import POOL_LABEL, PoolSpec
+from runtime.pools import POOL_LABEL, Pool, PoolSpec
 
 
 def _create(fn: Any, body: dict[str, Any]) -> None:
@@ -27,6 +27,15 @@ def create_device_classes(api: client.ApiClient) -> None:
         _create(resource.create_device_class, cls)
 
 
+def owned_slices(pool: Pool, name: str, uid: str) -> list[dict[str, Any]]:
+    """The ResourceSlices of node `name` (uid `uid`) of DRA pool `pool`, owned by the Node."""
+    slices = resource_slices(pool, name)
+    for s in slices:
+        s["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid,
+                                             "controller": True}]
+    return slices
+
+
 def dra_slices(pools: PoolSpec, node_uids: dict[str, str]) -> list[dict[str, Any]]:
     """The ResourceSlices of every node of the DRA pools among `node_uids` (name -> uid of the Node objects)."""
     slices = []
@@ -35,22 +44,30 @@ def dra_slices(pools: PoolSpec, node_uids: dict[str, str]) -> list[dict[str, Any
             continue
         for i in range(pool.count):
             name = f"{pool.name}-{i:04d}"
-            if name not in node_uids:
-                continue
-            for s in resource_slices(pool, name):
-                s["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name,
-                                                     "uid": node_uids[name], "controller": True}]
-                slices.append(s)
+            if name in node_uids:
+                slices += owned_slices(pool, name, node_uids[name])
     return slices
 
 
+def publish_node_slices(api: client.ApiClient, pool: Pool, name: str, uid: str) -> int:
+    """Create the ResourceSlices of one node of a DRA pool (existing ones are left alone): what the driver's kubelet
+    plugin does when the driver is up on a new node. Returns how many."""
+    resource = client.ResourceV1Api(api)
+    slices = owned_slices(pool, name, uid)
+    for s in slices:
+        _create(resource.create_resource_slice, s)
+    return len(slices)
+
+
 def publish_dra(api: client.ApiClient, pools: PoolSpec, workers: int = 16) -> int:
-    """Create the DeviceClasses and the ResourceSlices of the pools' DRA nodes (which must exist); existing objects are
-    left alone. Returns how many slices were asked for."""
+    """Create the DeviceClasses (where any pool is a DRA pool, also one of no nodes yet: a node group's, whose nodes'
+    slices the node agent publishes as they come) and the ResourceSlices of the pools' DRA nodes (which must exist);
+    existing objects are left alone. Returns how many slices were asked for."""
+    if any(p.dra for p in pools.pools):
+        create_device_classes(api)
     dra_pools = [p for p in pools.pools if p.dra and p.count]
     if not dra_pools:
         return 0
-    create_device_classes(api)
     core = client.CoreV1Api(api)
     uids: dict[str, str] = {}
     for pool in dra_pools:

@@ -10,7 +10,10 @@ on it is refused with `failed`, as the real manager will not repartition GPUs in
 
 Device-plugin registration. Nodes the KWOK node provider creates (nodescaler/provider.py) register without GPU
 resources and carry the resources to advertise and the time to do it in annotations; at that time the resources are
-published, as the device plugin does once the driver is up.
+published, as the device plugin does once the driver is up. A node of a DRA group carries its template instead: at
+that time its ResourceSlices are created (gpuaas/cluster/dra.py, runtime/draslices.py), owned by the Node, as the
+NVIDIA DRA driver's kubelet plugin publishes them once the driver is up. This stands in for the driver, which no KWOK
+node runs.
 """
 from __future__ import annotations
 
@@ -23,7 +26,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from nodescaler.provider import GPU_READY_AT_ANNOTATION, GPU_RESOURCES_ANNOTATION, REGISTERING_LABEL
+from nodescaler.provider import (
+    DRA_TEMPLATE_ANNOTATION,
+    GPU_READY_AT_ANNOTATION,
+    GPU_RESOURCES_ANNOTATION,
+    REGISTERING_LABEL,
+)
 from runtime.pools import Pool, node_objects
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 from scoring.kubeobjects import (
@@ -31,11 +39,14 @@ from scoring.kubeobjects import (
     GPU_RESOURCE,
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
+    POOL_LABEL,
     PRODUCT_LABEL,
     gpu_replicas,
     holds_resources,
     requests_gpu,
 )
+
+from .dra import publish_node_slices
 
 log = logging.getLogger("gpuaas.cluster.migmanager")
 
@@ -106,8 +117,14 @@ class FakeNodeAgent:
 
     def _publish(self, node: dict[str, Any], resources: dict[str, str]) -> None:
         name = node["metadata"]["name"]
+        template = (node["metadata"].get("annotations") or {}).get(DRA_TEMPLATE_ANNOTATION)
         try:
-            self._patch(name, {"status": {"capacity": resources, "allocatable": resources}}, status=True)
+            if template is not None:
+                group = (node["metadata"].get("labels") or {}).get(POOL_LABEL) or "dra"
+                pool = Pool.model_validate({**json.loads(template), "name": group, "count": 1})
+                publish_node_slices(self.api, pool, name, node["metadata"]["uid"])
+            if resources:
+                self._patch(name, {"status": {"capacity": resources, "allocatable": resources}}, status=True)
             self._patch(name, {"metadata": {"labels": {REGISTERING_LABEL: None}}})
             self.registered.append(name)
         except ApiException as err:

@@ -26,9 +26,10 @@ def test_dra_nodes_advertise_no_gpu_resources():
 def test_dra_pool_spec_checks():
     with pytest.raises(PoolSpecError, match="without GPUs"):
         parse_pool_spec({"pools": [{"name": "c", "count": 1, "dra": True}]})
-    with pytest.raises(PoolSpecError, match="cannot autoscale"):
-        parse_pool_spec({"pools": [{"name": "c", "count": 1, "dra": True, "gpu": {"model": "T4", "count": 1},
-                                    "autoscale": {"maxSize": 2, "costPerHour": 1}}]})
+    # A DRA node group (the node scaler's, issue 16): its template keeps `dra`.
+    group = parse_pool_spec({"pools": [{"name": "c", "count": 0, "dra": True, "gpu": {"model": "T4", "count": 1},
+                                        "autoscale": {"minSize": 0, "maxSize": 2, "costPerHour": 1}}]}).pools[0]
+    assert group.template()["dra"] is True
     assert not parse_pool_spec({"pools": [{"name": "c", "count": 1}]}).pools[0].dra
     assert "dra" not in parse_pool_spec({"pools": [{"name": "c", "count": 1}]}).pools[0].template()
 

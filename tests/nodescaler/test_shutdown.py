@@ -118,6 +118,16 @@ class RecordingCluster(FakeCluster):
         return super().patch_node(name, patch)
 
 
+@pytest.fixture(autouse=True)
+def no_dra(monkeypatch):
+    """The informers here are fakes that never call the apiserver; so is the probe for resource.k8s.io/v1 (a cluster
+    without DRA: no DRA informers)."""
+    async def none(*args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(service_module, "dra_informers", none)
+
+
 @pytest.fixture
 def kubeconfig(tmp_path):
     path = tmp_path / "kubeconfig"
