@@ -199,9 +199,9 @@ def _overlay(base: ClusterState, specs: Mapping[str, NodeSpec]) -> ClusterState:
     state.mig_mask[keep] = base.mig_mask[keep]
     for profile, col in base.mig_pos.items():
         state.mig_free[keep, :, state.mig_pos[profile]] = base.mig_free[keep, :, col]
-    for (row, gpu), instances in base.mig_instances.items():
+    for row, gpus in enumerate(base.mig_instances):
         if keep[row]:
-            state.mig_instances[(row, gpu)] = list(instances)
+            state.mig_instances[row] = {gpu: list(instances) for gpu, instances in gpus.items()}
     state.pods_on = [list(x) for x in base.pods_on]
     state.version = base.version + 1
     return state

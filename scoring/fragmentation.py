@@ -102,18 +102,49 @@ class FragmentationIndex:
         # CPU-only shapes never "fit" a GPU: give them an impossible per-GPU share so they count all idle GPU.
         self.milli = np.array([s.gpu_milli if s.gpu_milli > 0 else MILLI + 1 for s in shapes], dtype=np.int64)
         self.num = np.array([s.gpus for s in shapes], dtype=np.int64)
-        acc = np.ones((len(state), len(shapes)), dtype=bool)
-        for m, s in enumerate(shapes):
-            if s.allowed_models:
-                acc[:, m] = state.model_allowed(PodDemand(gpus=1, gpu_milli=1, allowed_models=s.allowed_models))
-        acc[:, self.milli > MILLI] = False
-        self.acc = acc
+        self.acc = self._acceptance(np.arange(len(state)))
         n = len(state)
         self.count = np.zeros((n, len(shapes)), dtype=np.int64)
         self.usable = np.zeros((n, len(shapes)), dtype=np.int64)
         self.idle = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.float64)
         self.refresh(np.arange(n))
+
+    def _acceptance(self, rows: np.ndarray) -> np.ndarray:
+        """bool[len(rows), shapes]: the shape may run on the node's GPU model (CPU-only shapes: never)."""
+        acc = np.ones((len(rows), len(self.workload.shapes)), dtype=bool)
+        for m, s in enumerate(self.workload.shapes):
+            if s.allowed_models:
+                acc[:, m] = self.state.model_allowed(PodDemand(gpus=1, gpu_milli=1,
+                                                               allowed_models=s.allowed_models))[rows]
+        acc[:, self.milli > MILLI] = False
+        return acc
+
+    # -- the node set changed (scoring.model.ClusterState.insert_node, delete_node, reset_node) ----------------------
+
+    def insert_row(self, row: int) -> None:
+        """The state has a new row `row` (the rows from there on moved down one): its statistics, the others kept."""
+        for key in ("acc", "count", "usable", "idle", "frag"):
+            old = getattr(self, key)
+            setattr(self, key, np.insert(old, row, np.zeros(old.shape[1:], dtype=old.dtype), axis=0))
+        self.reset_row(row)
+
+    def delete_row(self, row: int) -> None:
+        for key in ("acc", "count", "usable", "idle", "frag"):
+            setattr(self, key, np.delete(getattr(self, key), row, axis=0))
+
+    def reset_row(self, row: int) -> None:
+        """Row `row` was made anew (its spec changed, its GPU model among it)."""
+        self.acc[row] = self._acceptance(np.array([row]))[0]
+        self.refresh([row])
+
+    def reweigh(self, workload: Workload) -> None:
+        """The same shapes with another popularity (scoring.policies.scarcity_weighted after the node set changed):
+        every node's fragmentation again, from the counts kept."""
+        if workload.shapes != self.workload.shapes:
+            raise ValueError("reweigh keeps the shapes; make a new index for others")
+        self.workload, self.p = workload, workload.popularity
+        self.frag = self._frag(self.idle, self.count, self.usable, self.state.cpu_left, self.acc)
 
     def refresh(self, rows: ArrayLike) -> None:
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))

@@ -176,7 +176,6 @@ class ClusterState:
     def __init__(self, nodes: Sequence[NodeSpec]):
         self.nodes = list(nodes)
         n = len(self.nodes)
-        g = MAX_GPUS_PER_NODE
         # Copies allocated one after another: the extender looks up thousands of names per request in `index`, and
         # keys scattered across the heap (as parsed from Node objects) make that a third slower (0.40 -> 0.30 ms for
         # 5,000 names).
@@ -192,40 +191,68 @@ class ClusterState:
         self.mig_profiles: list[str] = sorted({p for m in self.models for p in m.mig_profiles})
         self.mig_pos = {p: i for i, p in enumerate(self.mig_profiles)}
 
-        self.cpu_cap = np.array([x.cpu_milli for x in self.nodes], dtype=np.int64)
-        self.mem_cap = np.array([x.memory_mib for x in self.nodes], dtype=np.int64)
-        self.cpu_left = self.cpu_cap.copy()
-        self.mem_left = self.mem_cap.copy()
-        self.gpu_count = np.array([x.gpus for x in self.nodes], dtype=np.int64)
-        self.replicas = np.array([x.gpu_replicas for x in self.nodes], dtype=np.int64)
-        self.replica_milli = MILLI // self.replicas
-        self.time_sliced = self.replicas > 1
-        self.any_time_sliced = bool(self.time_sliced.any())  # most clusters have none: the rules skip the work
+        c = self._columns(self.nodes)
+        self.cpu_cap, self.mem_cap = c["cpu_cap"], c["mem_cap"]
+        self.cpu_left, self.mem_left = c["cpu_left"], c["mem_left"]
+        self.gpu_count, self.replicas, self.replica_milli = c["gpu_count"], c["replicas"], c["replica_milli"]
+        self.time_sliced = c["time_sliced"]
         # Nodes a GPU share fits at all: a device plugin there gives shares, and it does not time-slice (see "Shares").
-        self.share_nodes = np.array([x.gpu_shares for x in self.nodes], dtype=bool) & ~self.time_sliced
-        self.all_share_nodes = bool(self.share_nodes.all())  # simulations: every node; the rules skip the work
+        self.share_nodes = c["share_nodes"]
         # DRA nodes (see "Channels"): their GPUs go to pods asking through claims, and only theirs do.
-        self.dra_rows = np.array([x.dra for x in self.nodes], dtype=bool)
-        self.any_dra = bool(self.dra_rows.any())
-        self.model_idx = np.array(
-            [self.model_pos[get_model(x.gpu_model).name] if x.gpus else -1 for x in self.nodes], dtype=np.int64)
-        self.gpu_exists = np.arange(g)[None, :] < self.gpu_count[:, None]
-        self.gpu_left = np.where(self.gpu_exists, MILLI, 0).astype(np.int64)
-        self.mig_enabled = np.zeros((n, g), dtype=bool)
-        self.mig_mask = np.zeros((n, g), dtype=np.uint8)
-        self.mig_free = np.zeros((n, g, max(1, len(self.mig_profiles))), dtype=np.int64)
-        # Configured instances per (node, gpu), in the layout's order.
-        self.mig_instances: dict[tuple[int, int], list[MigInstance]] = {}
-        self.block = np.zeros((n, g), dtype=np.int64)
+        self.dra_rows = c["dra_rows"]
+        self.model_idx = c["model_idx"]
+        self.gpu_exists, self.gpu_left = c["gpu_exists"], c["gpu_left"]
+        self.mig_enabled, self.mig_mask, self.mig_free = c["mig_enabled"], c["mig_mask"], c["mig_free"]
+        self.block = c["block"]
+        self._flags()
+        # Configured instances per node row: {gpu: instances in the layout's order}, for MIG-enabled GPUs.
+        self.mig_instances: list[dict[int, list[MigInstance]]] = [{} for _ in range(n)]
         self.pods_on: list[list[tuple[PodDemand, tuple[int, ...]]]] = [[] for _ in range(n)]
         self.version = 0  # bumped on every change, lets callers cache per-state work
         for i, spec in enumerate(self.nodes):
-            blocks = spec.gpu_blocks if spec.gpu_blocks is not None else default_blocks(spec.gpus)
-            self.block[i, : spec.gpus] = blocks
-            if spec.mig_layouts:
-                for gi, layout in enumerate(spec.mig_layouts):
-                    if layout is not None:
-                        self.set_mig_layout(i, gi, layout)
+            self._set_layouts(i, spec)
+
+    # The per-node arrays, all indexed by row first: what inserting or deleting a node's row changes (every ndarray
+    # attribute of the state is one of them; tests/scoring/test_node_rows.py checks that).
+    ROW_ARRAYS = ("cpu_cap", "mem_cap", "cpu_left", "mem_left", "gpu_count", "replicas", "replica_milli", "time_sliced",
+                  "share_nodes", "dra_rows", "model_idx", "gpu_exists", "gpu_left", "mig_enabled", "mig_mask",
+                  "mig_free", "block")
+
+    def _columns(self, specs: Sequence[NodeSpec]) -> dict[str, np.ndarray]:
+        """The ROW_ARRAYS of idle nodes `specs` (MIG layouts not yet applied: `_set_layouts`). Their GPU models must
+        be among `models`."""
+        n, g = len(specs), MAX_GPUS_PER_NODE
+        cpu_cap = np.array([x.cpu_milli for x in specs], dtype=np.int64)
+        mem_cap = np.array([x.memory_mib for x in specs], dtype=np.int64)
+        gpu_count = np.array([x.gpus for x in specs], dtype=np.int64)
+        replicas = np.array([x.gpu_replicas for x in specs], dtype=np.int64)
+        time_sliced = replicas > 1
+        gpu_exists = np.arange(g)[None, :] < gpu_count[:, None]
+        block = np.zeros((n, g), dtype=np.int64)
+        for i, spec in enumerate(specs):
+            block[i, : spec.gpus] = spec.gpu_blocks if spec.gpu_blocks is not None else default_blocks(spec.gpus)
+        return {
+            "cpu_cap": cpu_cap, "mem_cap": mem_cap, "cpu_left": cpu_cap.copy(), "mem_left": mem_cap.copy(),
+            "gpu_count": gpu_count, "replicas": replicas, "replica_milli": MILLI // replicas,
+            "time_sliced": time_sliced,
+            "share_nodes": np.array([x.gpu_shares for x in specs], dtype=bool) & ~time_sliced,
+            "dra_rows": np.array([x.dra for x in specs], dtype=bool),
+            "model_idx": np.array([self.model_pos[get_model(x.gpu_model).name] if x.gpus else -1 for x in specs],
+                                  dtype=np.int64),
+            "gpu_exists": gpu_exists, "gpu_left": np.where(gpu_exists, MILLI, 0).astype(np.int64),
+            "mig_enabled": np.zeros((n, g), dtype=bool), "mig_mask": np.zeros((n, g), dtype=np.uint8),
+            "mig_free": np.zeros((n, g, max(1, len(self.mig_profiles))), dtype=np.int64), "block": block,
+        }
+
+    def _flags(self) -> None:
+        self.any_time_sliced = bool(self.time_sliced.any())  # most clusters have none: the rules skip the work
+        self.all_share_nodes = bool(self.share_nodes.all())  # simulations: every node; the rules skip the work
+        self.any_dra = bool(self.dra_rows.any())
+
+    def _set_layouts(self, row: int, spec: NodeSpec) -> None:
+        for gi, layout in enumerate(spec.mig_layouts or ()):
+            if layout is not None:
+                self.set_mig_layout(row, gi, layout)
 
     # -- queries ---------------------------------------------------------------------------------------------------
 
@@ -250,10 +277,11 @@ class ClusterState:
 
     def _mig_idle_milli(self) -> np.ndarray:
         out = np.zeros(self.gpu_left.shape, dtype=np.int64)
-        for (i, gi), insts in self.mig_instances.items():
-            profiles = self.models[self.model_idx[i]].mig_profiles
-            used = sum(profiles[p].compute_slices for p, _, _, alloc in insts if alloc)
-            out[i, gi] = (MILLI * (7 - used)) // 7
+        for i, gpus in enumerate(self.mig_instances):
+            for gi, insts in gpus.items():
+                profiles = self.models[self.model_idx[i]].mig_profiles
+                used = sum(profiles[p].compute_slices for p, _, _, alloc in insts if alloc)
+                out[i, gi] = (MILLI * (7 - used)) // 7
         return out
 
     def device_milli(self, node: int, pod: PodDemand) -> int:
@@ -281,7 +309,8 @@ class ClusterState:
         if not pod.allowed_models:
             return np.ones(len(self), dtype=bool)
         ok_models = np.array([m in pod.allowed_models for m in self.model_names] + [False], dtype=bool)
-        return ok_models[self.model_idx]  # -1 indexes the trailing False (CPU nodes)
+        allowed: NDArray[np.bool_] = ok_models[self.model_idx]  # -1 indexes the trailing False (CPU nodes)
+        return allowed
 
     # -- changes ---------------------------------------------------------------------------------------------------
 
@@ -290,7 +319,7 @@ class ClusterState:
         model = self.models[self.model_idx[node]] if self.gpu_count[node] else None
         if model is None or gpu >= self.gpu_count[node]:
             raise MigLayoutError(f"node {self.names[node]} has no GPU {gpu}")
-        insts = self.mig_instances.get((node, gpu))
+        insts = self.mig_instances[node].get(gpu)
         busy = self.gpu_left[node, gpu] < MILLI and not self.mig_enabled[node, gpu]
         if busy or (insts and any(a for *_, a in insts)):
             raise MigLayoutError(f"GPU {gpu} on {self.names[node]} is in use; repartition needs an idle GPU")
@@ -300,12 +329,12 @@ class ClusterState:
         self.mig_mask[node, gpu] = 0
         if disabled and not placements:
             self.mig_enabled[node, gpu] = False
-            self.mig_instances.pop((node, gpu), None)
+            self.mig_instances[node].pop(gpu, None)
             self.gpu_left[node, gpu] = MILLI
         else:
             self.mig_enabled[node, gpu] = True
             self.gpu_left[node, gpu] = 0
-            self.mig_instances[(node, gpu)] = [MigInstance(p.profile, p.start, p.size, False) for p in placements]
+            self.mig_instances[node][gpu] = [MigInstance(p.profile, p.start, p.size, False) for p in placements]
             for p in placements:
                 self.mig_free[node, gpu, self.mig_pos[p.profile]] += 1
         self.version += 1
@@ -316,7 +345,7 @@ class ClusterState:
         self.mem_left[node] -= pod.memory_mib
         if pod.mig_profile:
             (gi,) = gpus
-            insts = self.mig_instances[(node, gi)]
+            insts = self.mig_instances[node][gi]
             for k, inst in enumerate(insts):
                 if inst.profile == pod.mig_profile and not inst.allocated:
                     insts[k] = inst._replace(allocated=True)
@@ -342,7 +371,7 @@ class ClusterState:
         self.mem_left[node] += pod.memory_mib
         if pod.mig_profile:
             (gi,) = gpus
-            insts = self.mig_instances[(node, gi)]
+            insts = self.mig_instances[node][gi]
             for k, inst in enumerate(insts):
                 if inst.profile == pod.mig_profile and inst.allocated:
                     insts[k] = inst._replace(allocated=False)
@@ -357,6 +386,70 @@ class ClusterState:
         self.pods_on[node].remove(entry)
         self.version += 1
 
+    # -- the node set: a row in, out or made anew, in time for one node (and one copy of the columns) ---------------
+
+    def covers(self, spec: NodeSpec) -> bool:
+        """Whether a row of `spec` fits the model's columns: its GPU model (and so its MIG profiles) is one the model
+        has. A node of another model changes what every row is measured in (the model and MIG profile columns):
+        build the state anew."""
+        return not spec.gpus or get_model(spec.gpu_model).name in self.model_pos
+
+    def insert_node(self, row: int, spec: NodeSpec) -> None:
+        """Add an idle node as row `row` (the rows from `row` on move down one): the state ends as a state built with
+        `spec` at that position and the same pods placed. The caller keeps any row order it relies on (the live view:
+        by name). Raises ValueError for a name already there or a GPU model the model lacks (`covers`)."""
+        if spec.name in self.index:
+            raise ValueError(f"node {spec.name} is already row {self.index[spec.name]}")
+        if not self.covers(spec):
+            raise ValueError(f"node {spec.name}: GPU model {spec.gpu_model} is not in the model; build it anew")
+        n = len(self.nodes)
+        if not 0 <= row <= n:
+            raise ValueError(f"row {row} is outside 0..{n}")
+        for key, value in self._columns([spec]).items():
+            old = getattr(self, key)
+            new = np.empty((n + 1, *old.shape[1:]), dtype=old.dtype)
+            new[:row], new[row], new[row + 1:] = old[:row], value[0], old[row:]
+            setattr(self, key, new)
+        self.nodes.insert(row, spec)
+        # A new list (not one changed in place): who keyed work on the old one (the prioritize encoder) sees the change.
+        self.names = [*self.names[:row], spec.name.encode().decode(), *self.names[row:]]
+        self.index.update(zip(self.names[row:], range(row, n + 1), strict=True))
+        self.mig_instances.insert(row, {})
+        self.pods_on.insert(row, [])
+        self._flags()
+        self._set_layouts(row, spec)
+        self.version += 1
+
+    def delete_node(self, row: int) -> None:
+        """Remove row `row` and what its pods hold (the rows after it move up one)."""
+        keep = np.ones(len(self.nodes), dtype=bool)
+        keep[row] = False
+        for key in self.ROW_ARRAYS:
+            setattr(self, key, getattr(self, key)[keep])
+        name = self.names[row]
+        del self.nodes[row], self.mig_instances[row], self.pods_on[row]
+        self.names = [*self.names[:row], *self.names[row + 1:]]  # a new list, as in insert_node
+        del self.index[name]
+        self.index.update(zip(self.names[row:], range(row, len(self.names)), strict=True))
+        self._flags()
+        self.version += 1
+
+    def reset_node(self, row: int, spec: NodeSpec) -> None:
+        """Make row `row` anew from `spec` (the same node name, a changed spec), idle: its pods are placed again by
+        the caller. Raises ValueError for another name or a GPU model the model lacks."""
+        if spec.name != self.names[row]:
+            raise ValueError(f"row {row} is node {self.names[row]}, not {spec.name}")
+        if not self.covers(spec):
+            raise ValueError(f"node {spec.name}: GPU model {spec.gpu_model} is not in the model; build it anew")
+        for key, value in self._columns([spec]).items():
+            getattr(self, key)[row] = value[0]
+        self.nodes[row] = spec
+        self.mig_instances[row] = {}
+        self.pods_on[row] = []
+        self._flags()
+        self._set_layouts(row, spec)
+        self.version += 1
+
     def copy(self) -> ClusterState:
         """An independent snapshot (what-if simulation forks the state, then throws it away)."""
         other = object.__new__(ClusterState)
@@ -364,7 +457,7 @@ class ClusterState:
             if isinstance(v, np.ndarray):
                 setattr(other, k, v.copy())
             elif k == "mig_instances":  # the instances are immutable: new lists of the same ones
-                setattr(other, k, {key: list(insts) for key, insts in v.items()})
+                setattr(other, k, [{gi: list(insts) for gi, insts in gpus.items()} if gpus else {} for gpus in v])
             elif k == "pods_on":
                 setattr(other, k, [list(x) for x in v])
             else:

@@ -351,7 +351,7 @@ def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_l
         if not model.mig_capable:
             continue
         for g in range(int(state.gpu_count[n])):
-            insts = state.mig_instances.get((n, g))
+            insts = state.mig_instances[n].get(g)
             busy = ((insts and any(i.allocated for i in insts))
                     or (not state.mig_enabled[n, g] and state.gpu_left[n, g] < MILLI))
             if not busy:
@@ -370,7 +370,7 @@ def repartition_mig(state: ClusterState, pending: Sequence[PodDemand], *, time_l
     gain_terms: dict[str, list[tuple[int, cp_model.IntVar]]] = {p: [] for p in need}
     changes = []
     for i, (n, g, model) in enumerate(idle):
-        current = Counter(x.profile for x in state.mig_instances.get((n, g), []))
+        current = Counter(x.profile for x in state.mig_instances[n].get(g, []))
         keep[i] = m.new_bool_var(f"keep{i}")
         opts: list[cp_model.IntVar] = []
         for j, lay in enumerate(opts_by_model[model.name]):

@@ -106,6 +106,15 @@ class Policy(Protocol):
 
     def observe(self, node: int) -> None: ...
 
+    # The node set changed in place (scoring.model.ClusterState.insert_node, delete_node, reset_node): called right
+    # after the state changed and before any pod is placed on a new or remade row, whose pods the caller places next
+    # and then reports with `observe`. Afterwards the tables are those a policy made anew on the state would have.
+    def node_added(self, row: int) -> None: ...
+
+    def node_removed(self, row: int) -> None: ...
+
+    def node_changed(self, row: int) -> None: ...
+
 
 class _Base:
     name = "base"
@@ -115,6 +124,15 @@ class _Base:
         self.rng = rng if rng is not None else np.random.default_rng(0)
 
     def observe(self, node: int) -> None:
+        pass
+
+    def node_added(self, row: int) -> None:
+        pass
+
+    def node_removed(self, row: int) -> None:
+        pass
+
+    def node_changed(self, row: int) -> None:
         pass
 
     def devices(self, state: ClusterState, pod: PodDemand, node: int) -> tuple[int, ...]:
@@ -217,6 +235,21 @@ class FgdPolicy(_Base):
 
     def observe(self, node: int) -> None:
         self.index.refresh([node])
+
+    def node_added(self, row: int) -> None:
+        self.index.insert_row(row)
+        self._node_set_changed()
+
+    def node_removed(self, row: int) -> None:
+        self.index.delete_row(row)
+        self._node_set_changed()
+
+    def node_changed(self, row: int) -> None:
+        self.index.reset_row(row)
+        self._node_set_changed()
+
+    def _node_set_changed(self) -> None:
+        """Tables that depend on the whole node set (FGD's: none)."""
 
     def _int_score(self, delta: np.ndarray) -> NDArray[np.float64]:
         return np.trunc(sigmoid(delta / 1000.0) * MAX_NODE_SCORE)
@@ -331,17 +364,20 @@ class GpuaasPolicy(FgdPolicy):
                  rng: np.random.Generator | None = None) -> None:
         if workload is None:
             raise ValueError("gpuaas needs a workload (typical pods)")
+        self.observed = workload
         super().__init__(state, scarcity_weighted(state, workload, self.SCARCITY_EXPONENT), rng)
         # Share values from the popularity as observed (scarcity weighting is about models, not sizes).
         self.share_values = ShareValues.of(workload)
         self.memory_per_gpu_milli = workload.memory_per_gpu_milli
-        # CPU the workload's GPU pods bring per thousandth of GPU (popularity-weighted over the typical shapes).
-        w = self.index.workload
-        gpu = np.array([sh.gpus * sh.gpu_milli for sh in w.shapes], dtype=float)
-        cpu = np.array([sh.cpu_milli for sh in w.shapes], dtype=float)
-        g = gpu > 0
-        self.cpu_per_gpu_milli = float((w.popularity[g] * cpu[g]).sum() / (w.popularity[g] * gpu[g]).sum()) \
-            if g.any() else 0.0
+        self.cpu_per_gpu_milli = cpu_per_gpu_milli(self.index.workload)
+
+    def _node_set_changed(self) -> None:
+        """The scarcity weights follow the GPUs each model has: a node of a model some shapes are restricted to, in
+        or out, changes every node's fragmentation (array work over the kept counts, no row read again)."""
+        weighted = scarcity_weighted(self.state, self.observed, self.SCARCITY_EXPONENT)
+        if not np.array_equal(weighted.popularity, self.index.workload.popularity):
+            self.index.reweigh(weighted)
+            self.cpu_per_gpu_milli = cpu_per_gpu_milli(weighted)
 
     def stranded(self, idle: np.ndarray, cpu_left: np.ndarray,
                  mem_left: np.ndarray | None = None) -> NDArray[np.float64]:
@@ -436,6 +472,15 @@ class GpuaasPolicy(FgdPolicy):
         value = (fx.frag[rows] - fx.frag_after_share(rows, gpus, pod)
                  - self.REGRET_WEIGHT * self.share_values.regret(left, pod.gpu_milli))
         return int(gpus[np.lexsort((gpus, left, -value))[0]])
+
+
+def cpu_per_gpu_milli(workload: Workload) -> float:
+    """CPU the workload's GPU pods bring per thousandth of GPU (popularity-weighted over the typical shapes)."""
+    gpu = np.array([sh.gpus * sh.gpu_milli for sh in workload.shapes], dtype=float)
+    cpu = np.array([sh.cpu_milli for sh in workload.shapes], dtype=float)
+    g = gpu > 0
+    return float((workload.popularity[g] * cpu[g]).sum() / (workload.popularity[g] * gpu[g]).sum()) \
+        if g.any() else 0.0
 
 
 def unfed(idle: NDArray[np.float64], rate: float, left: NDArray[np.float64]) -> NDArray[np.float64]:

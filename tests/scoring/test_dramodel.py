@@ -78,13 +78,13 @@ def test_usage_comes_from_every_allocated_claim():
     r = row(m, "mig-0000")
     assert s.mig_enabled[r].tolist()[:2] == [True, False]
     # The partition in use plus the largest profile that fits beside it (3g.40gb at slices 4-7), free.
-    assert [(i.profile, i.allocated) for i in s.mig_instances[(r, 0)]] == [("3g.40gb", True), ("3g.40gb", False)]
+    assert [(i.profile, i.allocated) for i in s.mig_instances[r][0]] == [("3g.40gb", True), ("3g.40gb", False)]
 
 
 def test_the_completion_prefers_the_profiles_pods_wait_for():
     m, _ = model_of([allocated("c", "mig-0000", "gpu-0-mig-3g40gb-9-0")], wanted={"1g.10gb": 2})
     r = row(m, "mig-0000")
-    assert sorted(i.profile for i in m.state.mig_instances[(r, 0)] if not i.allocated) == ["1g.10gb"] * 3
+    assert sorted(i.profile for i in m.state.mig_instances[r][0] if not i.allocated) == ["1g.10gb"] * 3
     assert [d.device for d in m.completions[("mig-0000", 0)]] == \
         ["gpu-0-mig-1g10gb-19-4", "gpu-0-mig-1g10gb-19-5", "gpu-0-mig-1g10gb-19-6"]
 
