@@ -78,7 +78,7 @@ class ExtenderService:
         self.view = view
         self.queue_planning = queue_planning
         self.plan: QueuePlan | None = None
-        self._plan_model = -1  # view.rebuilds when the plan was made: a rebuilt model renumbers the rows
+        self._plan_model = -1  # view.rows_version when the plan was made: its rows and its copy of the model
         self._plan_due = 0.0  # view.clock() after which the plan is made again
         self.scheduler_names = scheduler_names  # bind refuses pods of other schedulers
         self.binder = binder
@@ -179,20 +179,21 @@ class ExtenderService:
         return tuple(policy.devices(state, demand, node))
 
     def _queue_plan(self, state: ClusterState) -> QueuePlan | None:
-        """The joint plan of the pending GPU pods, made again when older than refresh_s or when the model was
-        rebuilt; None while fewer than min_pods wait (each pod is then placed on its own)."""
+        """The joint plan of the pending GPU pods, made again when older than refresh_s or when a node's row changed
+        (the model rebuilt, a node added, removed or read anew); None while fewer than min_pods wait (each pod is then
+        placed on its own)."""
         qp = self.queue_planning
         waiting = self.view.waiting() if qp.min_pods > 0 else []
         if len(waiting) < max(qp.min_pods, 1):
             self.plan = None
             return None
         now = self.view.clock()
-        if self.plan is None or now >= self._plan_due or self._plan_model != self.view.rebuilds:
+        if self.plan is None or now >= self._plan_due or self._plan_model != self.view.rows_version:
             started = time.perf_counter()
             self.plan = plan_queue(state, self.view.policy_name, self.view.workload(), waiting, now=now,
                                    max_wait_s=qp.max_wait_s, window=qp.window,
                                    rows_by_hostname=self.view.rows_by_hostname())
-            self._plan_model = self.view.rebuilds
+            self._plan_model = self.view.rows_version
             took = time.perf_counter() - started
             # Counted from the plan's end, so a plan slower than refresh_s is not made again at the next filter.
             self._plan_due = self.view.clock() + max(qp.refresh_s, qp.min_gap_per_plan_second * took)
@@ -203,12 +204,12 @@ class ExtenderService:
 
     def _reserve_unplanned(self, key: str, node: int, demand: PodDemand, devices: tuple[int, ...]) -> None:
         """A pod the plan left out is being bound: the plan's reserved model holds it too from now on. When it does
-        not fit there (the plan was made again between filter and bind, or the model was rebuilt), the plan no
+        not fit there (the plan was made again between filter and bind, or a node's row changed), the plan no
         longer matches the cluster: it is dropped and made again at the next filter, and the binding goes on."""
         plan = self.plan
         if plan is None or plan.reserved is None or key in plan.planned:
             return
-        if self._plan_model != self.view.rebuilds:
+        if self._plan_model != self.view.rows_version:
             self.plan = None
             return
         try:

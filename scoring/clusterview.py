@@ -7,9 +7,13 @@ Pods that hold resources (bound, not finished) are placed into the model on the 
 has just bound are *assumed*: placed at once, before the watch shows them bound, so that a burst of pods never
 double-books a GPU; an assumption the watch does not confirm within `assume_ttl` seconds is dropped.
 
-A change of the node set (or of a node's GPU layout) rebuilds the model and the policy; pod changes are applied in
-place, and the policy is told which node changed (`Policy.observe`). Not thread-safe: one thread (an event loop) owns
-it.
+Pod changes are applied in place, and the policy is told which node changed (`Policy.observe`). So are changes of the
+node set: a node added, removed or read differently (a label its NodeSpec holds, its capacity) changes that node's row
+of the model and of the policy's tables at the next `snapshot()` (`ClusterState.insert_node`, `delete_node`,
+`reset_node`; rows stay in name order) and places that node's pods on it again, as a rebuild would place them. The
+model is built anew instead for the first snapshot, for a node whose GPU model the cluster did not have or no longer has
+(the model's columns change), for a DRA node, and for more than REBUILD_BATCH node changes at once. Not thread-safe: one
+thread (an event loop) owns it.
 
 DRA nodes (scoring.draview): fed ResourceSlices and ResourceClaims too, a node labelled gpuaas.io/dra has the GPUs its
 slices publish, and every allocated claim holds its devices in the model as a bound pod holds its GPUs (the claims'
@@ -18,6 +22,7 @@ of slices or of MIG partitions rebuilds.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import OrderedDict
@@ -25,12 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from scoring.constraints import HOSTNAME_LABEL
 from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold, claim_owner
 from scoring.fit import misfit_reason
 from scoring.fragmentation import Workload
 from scoring.gangs import GANG_GATE
-from scoring.gpus import UnknownGpuModelError
+from scoring.gpus import UnknownGpuModelError, get_model
 from scoring.kubeobjects import (
     DEVICES_ANNOTATION,
     BoundPod,
@@ -51,6 +58,9 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 WORKLOAD_WINDOW = 5000
 EMPTY_CLUSTER_WORKLOAD_POD = PodDemand(cpu_milli=4000, memory_mib=16384, gpus=1, gpu_milli=1000)
+# More node changes than this (or than a twentieth of the nodes) waiting at one snapshot build the model anew: applying
+# each costs its own copy of the columns (about 1 ms at 5,000 nodes, bench/extender_model.py), a rebuild 0.3-0.7 s.
+REBUILD_BATCH = 64
 
 
 def workload_due(new: int, seen: int) -> bool:
@@ -100,6 +110,12 @@ class ClusterView:
         self._claim_allocated: set[str] = set()  # pods whose generated claim is allocated
         self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
         self._rebuilding = False  # re-placing everything: the policy's node tables are made once, at the end
+        self._node_changes: dict[str, None] = {}  # nodes whose spec changed since the model last took them, in order
+        self._bound_on: dict[str, dict[str, None]] = {}  # node -> keys of `pods` bound there, in `pods`' order
+        self._placed_on: dict[str, dict[str, None]] = {}  # node -> keys of `placements` there, in their order
+        # Bumped when the model's rows were renumbered or one was made anew (a rebuild, a node's row changed): work
+        # keyed by row (the extender's queue plan and its copy of the model) is made again.
+        self.rows_version = 0
 
     # ---- informer events -------------------------------------------------------------------------------------------
     def on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -121,8 +137,9 @@ class ClusterView:
         if new is None:
             self.nodes.pop(name, None)
             self.bad_nodes.pop(name, None)
-            if self.specs.pop(name, None) is not None:
-                self._dirty = True
+            gone = self.specs.pop(name, None)
+            if gone is not None:
+                self._node_changed(name, gone, None)
             return
         self.nodes[name] = new
         try:
@@ -132,12 +149,21 @@ class ClusterView:
             self.parse_errors += 1
             self.bad_nodes[name] = str(err)
             spec = None
-        if spec != self.specs.get(name):  # heartbeats change conditions only: no rebuild for those
+        before = self.specs.get(name)
+        if spec != before:  # heartbeats change conditions only: nothing to do for those
             if spec is None:
                 self.specs.pop(name, None)
             else:
                 self.specs[name] = spec
+            self._node_changed(name, before, spec)
+
+    def _node_changed(self, name: str, before: NodeSpec | None, after: NodeSpec | None) -> None:
+        """Take the node's new spec at the next snapshot: its row alone, or the whole model for a DRA node (its
+        claims' holds are placed per claim across nodes, with the slices read again)."""
+        if (before is not None and before.dra) or (after is not None and after.dra):
             self._dirty = True
+        else:
+            self._node_changes[name] = None
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -149,7 +175,7 @@ class ClusterView:
         self._track_queue(key, new)
         self._track_gated_claims(key, new)
         if new is None or not holds_resources(new):
-            self.pods.pop(key, None)
+            self._forget_pod(key)
             placement = self.placements.get(key)
             # An assumed pod seen before its binding (nodeName still empty) keeps its GPUs; a deleted or finished
             # one gives them back.
@@ -167,7 +193,7 @@ class ClusterView:
             self.parse_errors += 1
             log.warning("ignoring %s: %s", key, err)
             return
-        self.pods[key] = bound
+        self._keep_pod(bound)
         placement = self.placements.get(key)
         if placement is not None:
             same = placement.node == bound.node and (bound.devices is None or bound.devices == placement.devices)
@@ -176,6 +202,34 @@ class ClusterView:
                 return
             self._unplace(key)
         self._place(bound)
+
+    def _keep_pod(self, bound: BoundPod) -> None:
+        before = self.pods.get(bound.key)
+        if before is not None and before.node != bound.node:  # (a pod's node never changes in Kubernetes)
+            self._bound_on[before.node].pop(bound.key, None)
+        self.pods[bound.key] = bound
+        self._bound_on.setdefault(bound.node, {})[bound.key] = None
+
+    def _forget_pod(self, key: str) -> None:
+        bound = self.pods.pop(key, None)
+        if bound is not None:
+            on = self._bound_on[bound.node]
+            del on[key]
+            if not on:
+                del self._bound_on[bound.node]
+
+    def _record(self, key: str, placement: Placement) -> None:
+        self.placements[key] = placement
+        self._placed_on.setdefault(placement.node, {})[key] = None
+
+    def _drop(self, key: str) -> Placement | None:
+        placement = self.placements.pop(key, None)
+        if placement is not None:
+            on = self._placed_on[placement.node]
+            del on[key]
+            if not on:
+                del self._placed_on[placement.node]
+        return placement
 
     def _track_queue(self, key: str, pod: Obj | None) -> None:
         """Keep `queue`: GPU pods without a node that are neither finished nor being deleted, nor held out of
@@ -243,7 +297,7 @@ class ClusterView:
     def snapshot(self) -> tuple[ClusterState, Policy]:
         """The live model and its policy, rebuilt first if the node set changed; expired assumptions dropped."""
         self._expire_assumptions()
-        if self._dirty or self.state is None:
+        if self._dirty or self.state is None or (self._node_changes and not self._apply_node_changes()):
             self._rebuild()
         elif self._workload_moved():
             self._new_arrivals = 0
@@ -277,14 +331,19 @@ class ClusterView:
 
     def _rebuild(self) -> None:
         self._new_arrivals = 0
+        version = self.state.version if self.state is not None else -1
         self.state = ClusterState(sorted(self.specs.values(), key=lambda s: s.name))
+        # Versions keep rising across rebuilds: work cached per (version, rows) must not match a renumbered model.
+        self.state.version = version + 1
+        self._node_changes = {}
+        self.rows_version += 1
         workload = self.workload()
         # A policy for the device choices below (they read the state, not the policy's tables).
         self.policy = make_policy(self.policy_name, self.state, workload)
         self.rebuilds += 1
         self._dirty = False
         old, old_assumed = self.placements, self.assumed
-        self.placements, self.assumed = {}, {}
+        self.placements, self.assumed, self._placed_on = {}, {}, {}
         # Refreshing a node's tables after each pod re-placed made a rebuild cost O(pods x shapes) (extender_model).
         self._rebuilding = True
         try:
@@ -293,13 +352,92 @@ class ClusterView:
                 self._place(bound, keep_assumed=old.get(key))
             for key, placement in old.items():
                 if key not in self.placements and key in old_assumed:
-                    self.assume(key, placement.node, placement.demand, placement.devices)
+                    self._reassume(key, placement)
             self._held = {}
             for key, holds in self.dra.holds.items():
                 self._hold(key, holds)
         finally:
             self._rebuilding = False
         self.policy = make_policy(self.policy_name, self.state, workload)  # tables of the filled model
+
+    def _reassume(self, key: str, placement: Placement) -> None:
+        """Hold an assumption's GPUs again after its node's row was made anew; dropped if its node is gone or no
+        longer has them (the binding, if it happens, is then placed from the watch)."""
+        state = self.state
+        assert state is not None
+        row = state.index.get(placement.node)
+        if row is None:
+            log.warning("dropping the assumed binding of %s to %s: the node is gone", key, placement.node)
+            return
+        # ClusterState.place takes the CPU, memory and GPU share before it refuses: given back if it does.
+        taken = state.cpu_left[row], state.mem_left[row], state.gpu_left[row].copy()
+        try:
+            state.place(row, placement.demand, placement.devices)
+        except (ValueError, KeyError, IndexError) as err:
+            state.cpu_left[row], state.mem_left[row], state.gpu_left[row] = taken
+            log.warning("dropping the assumed binding of %s to %s: %s", key, placement.node, err)
+            return
+        self._record(key, placement)
+        self.assumed[key] = self.clock() + self.assume_ttl
+
+    def _apply_node_changes(self) -> bool:
+        """The waiting node changes, each on its own row; False (nothing changed) when the model must be built anew:
+        too many at once, a GPU model the model lacks or would lose the last node of."""
+        state, changes = self.state, self._node_changes
+        assert state is not None
+        if len(changes) > max(REBUILD_BATCH, len(state) // 20):
+            return False
+        models = {m: int(n) for m, n in zip(*np.unique(state.model_idx[state.gpu_count > 0], return_counts=True),
+                                            strict=True)}
+        for name in changes:
+            row = state.index.get(name)
+            before, after = (state.nodes[row] if row is not None else None), self.specs.get(name)
+            if after is not None and not state.covers(after):
+                return False
+            for spec, step in ((before, -1), (after, 1)):
+                if spec is not None and spec.gpus:
+                    m = state.model_pos[get_model(spec.gpu_model).name]
+                    models[m] = models.get(m, 0) + step
+        if any(n <= 0 for n in models.values()):
+            return False
+        self._node_changes = {}
+        for name in changes:
+            self._apply_node(name)
+        self.rows_version += 1
+        return True
+
+    def _apply_node(self, name: str) -> None:
+        """Node `name`'s row as a rebuild would make it: its pods placed again (confirmed ones first, then live
+        assumptions), the policy's tables for the row made once, after them."""
+        state, policy = self.state, self.policy
+        assert state is not None and policy is not None
+        spec, row = self.specs.get(name), state.index.get(name)
+        if row is not None and spec == state.nodes[row]:
+            return  # changed and changed back
+        old = {key: p for key in list(self._placed_on.get(name, ())) if (p := self._drop(key)) is not None}
+        assumed = [key for key in old if self.assumed.pop(key, None) is not None]
+        if spec is None:
+            if row is not None:
+                state.delete_node(row)
+                policy.node_removed(row)
+            return
+        if row is None:
+            row = bisect.bisect_left(state.names, name)
+            state.insert_node(row, spec)
+            policy.node_added(row)
+        else:
+            state.reset_node(row, spec)
+            policy.node_changed(row)
+        self._rebuilding = True
+        try:
+            for key in self._bound_on.get(name, ()):
+                self._place(self.pods[key], keep_assumed=old.get(key))
+            for key in assumed:
+                if key not in self.placements:
+                    self._reassume(key, old[key])
+        finally:
+            self._rebuilding = False
+        policy.observe(row)
 
     def _observe(self, policy: Policy, node: int) -> None:
         """The policy's tables follow a node whose usage changed (not while a rebuild re-places everything)."""
@@ -385,13 +523,14 @@ class ClusterView:
             # The cluster holds more than the model thinks fits (a pod bound past gpuaas): count it, keep going.
             self.parse_errors += 1
             log.warning("cannot account %s on %s%s: %s", bound.key, bound.node, list(devices or ()), err)
+            self._observe(self.policy, node)  # ClusterState.place took what it could before it refused
             return
-        self.placements[bound.key] = Placement(bound.node, bound.demand, tuple(devices))
+        self._record(bound.key, Placement(bound.node, bound.demand, tuple(devices)))
         self._observe(self.policy, node)
 
     def _unplace(self, key: str) -> None:
         self.assumed.pop(key, None)
-        placement = self.placements.pop(key, None)
+        placement = self._drop(key)
         if placement is None or self.state is None or self.policy is None or self._dirty:
             return
         node = self.state.index.get(placement.node)
@@ -406,7 +545,7 @@ class ClusterView:
         node = state.index[node_name]
         self._unplace(key)
         state.place(node, demand, devices)
-        self.placements[key] = Placement(node_name, demand, tuple(devices))
+        self._record(key, Placement(node_name, demand, tuple(devices)))
         self.assumed[key] = self.clock() + self.assume_ttl
         self._observe(policy, node)
 
