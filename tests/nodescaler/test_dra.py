@@ -206,3 +206,25 @@ def test_plugin_pods_do_not_grow_the_dra_group():
     assert GANG_GATE not in str(p)
     plan = plan_scale_out(build_snapshot(nodes("x", 0), [p], [], T0), config(GROUPS))
     assert [(g.group, g.count) for g in plan.grows] == [("plugin", 1)]
+
+
+def test_a_pod_held_for_its_claims_triggers_a_reconcile_when_it_arrives(tmp_path):
+    """The service reconciles at once (after its batching pause) for a pod turning pending; a pod the gang
+    controller holds for its claims never turns Unschedulable, so its arrival, read with its template, is the
+    trigger."""
+    from types import SimpleNamespace
+
+    from nodescaler.service import Service
+    from runtime.drainformers import TEMPLATE_KIND
+    from scoring.draview import CLAIM_KIND
+
+    from .test_shutdown import KUBECONFIG
+
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    svc = Service(config(GROUPS), tmp_path / "kubeconfig", identity="me")
+    svc._apply_change("Pod", None, held("whole", WHOLE))
+    assert not svc.trigger.is_set()  # no DRA informers (a cluster without resource.k8s.io/v1): not read
+    svc.dra = {CLAIM_KIND: SimpleNamespace(store={}),
+               TEMPLATE_KIND: SimpleNamespace(store={f"default/{t['metadata']['name']}": t for t in templates(WHOLE)})}
+    svc._apply_change("Pod", None, held("whole", WHOLE))
+    assert svc.trigger.is_set()
