@@ -387,8 +387,8 @@ class ClusterView:
         assert state is not None
         if len(changes) > max(REBUILD_BATCH, len(state) // 20):
             return False
-        models = {m: int(n) for m, n in zip(*np.unique(state.model_idx[state.gpu_count > 0], return_counts=True),
-                                            strict=True)}
+        nodes_of = np.bincount(state.model_idx[state.gpu_count > 0], minlength=len(state.models))
+        models = dict(enumerate(nodes_of.tolist()))  # GPU nodes per model column
         for name in changes:
             row = state.index.get(name)
             before, after = (state.nodes[row] if row is not None else None), self.specs.get(name)

@@ -422,10 +422,12 @@ class ClusterState:
 
     def delete_node(self, row: int) -> None:
         """Remove row `row` and what its pods hold (the rows after it move up one)."""
-        keep = np.ones(len(self.nodes), dtype=bool)
-        keep[row] = False
-        for key in self.ROW_ARRAYS:
-            setattr(self, key, getattr(self, key)[keep])
+        n = len(self.nodes)
+        for key in self.ROW_ARRAYS:  # two slice copies (a boolean mask's gather is twice as slow)
+            old = getattr(self, key)
+            new = np.empty((n - 1, *old.shape[1:]), dtype=old.dtype)
+            new[:row], new[row:] = old[:row], old[row + 1:]
+            setattr(self, key, new)
         name = self.names[row]
         del self.nodes[row], self.mig_instances[row], self.pods_on[row]
         self.names = [*self.names[:row], *self.names[row + 1:]]  # a new list, as in insert_node

@@ -44,3 +44,35 @@ def test_fixed_width_records_and_the_joined_fallback_give_the_same_list():
     plain = joined.encode(names, rows, scores, model)
     assert joined._records is None and b"  " not in plain
     assert decoded(body) == decoded(plain) == list(zip(names, scores.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("change", ["added", "removed", "added-longest", "removed-longest", "renamed-all"])
+def test_a_node_added_or_removed_moves_the_records_and_encodes_only_new_names(change):
+    """After a node set change the encoder holds what a new encoder would: the same records, byte for byte (the
+    padding follows the longest name), for every row."""
+    model = [f"gpu-{i:04d}" for i in range(40)] + ["gpu-with-a-longer-name"]
+    if change == "added":
+        after = model[:7] + ["gpu-0006b"] + model[7:]
+    elif change == "removed":
+        after = model[:7] + model[8:]
+    elif change == "added-longest":
+        after = ["a-much-longer-node-name-than-any-before"] + model
+    elif change == "removed-longest":
+        after = model[:-1]
+    else:
+        after = [f"other-{i}" for i in range(41)]
+    enc = HostPriorityEncoder()
+    enc.encode(model[:1], np.array([0]), np.array([5]), model)
+    rows = np.arange(len(after))
+    scores = rows % 11
+    encoded = []
+    head = enc._head
+    enc._head = lambda name: encoded.append(name) or head(name)  # type: ignore[method-assign]
+    body = enc.encode(after, rows, scores, after)
+    assert len(encoded) == {"added": 1, "removed": 0, "added-longest": 1, "removed-longest": 0}.get(change, len(after))
+    fresh = HostPriorityEncoder()
+    assert body == fresh.encode(after, rows, scores, after)
+    assert enc._records is not None and fresh._records is not None
+    assert enc._records.dtype == fresh._records.dtype and np.array_equal(enc._records, fresh._records)
+    assert np.array_equal(enc._heads, fresh._heads) and np.array_equal(enc._head_len, fresh._head_len)
+    assert decoded(body) == list(zip(after, scores.tolist(), strict=True))
