@@ -44,7 +44,7 @@ from runtime.config import ConfigError, load_config
 from runtime.draslices import resource_slices
 from runtime.leader import LeaderElectionConfig as LeaseConfig
 from runtime.pools import Pool, PoolSpecError, node_objects, parse_pool_spec
-from scoring.dra import dra_node_spec
+from scoring.dra import dra_node, dra_node_spec
 from scoring.dramodel import dra_cluster, dra_model
 from scoring.kubeobjects import node_spec
 from scoring.model import ClusterState, NodeSpec
@@ -191,6 +191,14 @@ class NodeGroupConfig(_Strict):
         if self.pool.dra:  # the GPUs are the slices' (scoring.dra), as the extender's and the gangs' models read them
             return dra_node_spec(self.rendered_node, self.rendered_slices)
         return node_spec(self.template_node())  # scoring.kubeobjects.node_spec (the module's, not this method)
+
+    @cached_property
+    def pcie_roots(self) -> tuple[str, ...]:
+        """A DRA group's node's PCIe root per GPU, as its slices publish them (`resource.kubernetes.io/pcieRoot`);
+        () for other groups."""
+        if not self.pool.dra:
+            return ()
+        return tuple(g.pcie_root for g in dra_node(self.rendered_node["metadata"]["name"], self.rendered_slices).gpus)
 
     def template_node(self) -> dict[str, Any]:
         """The Node object the template renders (runtime/pools.node_objects), computed once; a copy each call."""

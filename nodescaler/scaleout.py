@@ -35,7 +35,7 @@ from scoring.dramodel import dra_cluster, dra_model
 from scoring.fit import feasible
 from scoring.gpus import MigLayoutError, mig_configs_for, model_by_product
 from scoring.kubeobjects import ObjectError, gpu_replicas
-from scoring.model import ClusterState, NodeSpec
+from scoring.model import MILLI, ClusterState, NodeSpec
 from scoring.placement import Placer
 from scoring.planner import NodeGroup, cheapest_nodes, repartition_mig
 from scoring.policies import make_policy, mig_gpu_first_fit
@@ -100,11 +100,13 @@ def snapshot_rows(snap: ClusterSnapshot, state: ClusterState) -> list[tuple[Mapp
     return [(snap.nodes[n].labels, snap.nodes[n].taints) if n in snap.nodes else ({}, ()) for n in state.names]
 
 
-def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, workload=None,
-                 rows: Rows | None = None) -> tuple[list[tuple[PodInfo, int]], list[PodInfo]]:
+def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, workload=None, rows: Rows | None = None,
+                 roots: Roots | None = None) -> tuple[list[tuple[PodInfo, int]], list[PodInfo]]:
     """Place pods one at a time, largest first, as the extender would (scoring.placement: feasibility, policy
     score, device choice), on the nodes whose labels and taints (`rows`, per model row) the pod accepts; changes
-    `state`. Returns (placed with their node row, the pods that fit nowhere)."""
+    `state`. `roots` (DRA rows' PCIe root per GPU): a pod whose claims want N GPUs under one root goes only where one
+    root has N whole free GPUs, as the gang controller places it. Returns (placed with their node row, the pods that
+    fit nowhere)."""
     if not len(state):
         return [], list(pods)
     placer = Placer(state, make_policy(policy, state, workload))
@@ -116,12 +118,51 @@ def place_greedy(state: ClusterState, pods: Sequence[PodInfo], policy: str, work
         if rows is not None and pod.constraints not in allowed:
             allowed[pod.constraints] = np.fromiter((allows(pod.constraints, lab, tnt) for lab, tnt in rows),
                                                    dtype=bool, count=len(rows))
-        choice = placer.place(pod.known_demand, allowed[pod.constraints] if rows is not None else None)
+        mask = allowed[pod.constraints] if rows is not None else None
+        if pod.same_root and roots is not None:
+            under_one = same_root_rows(state, roots, pod.same_root)
+            mask = under_one if mask is None else mask & under_one
+        choice = placer.place(pod.known_demand, mask)
         if choice is None:
             left.append(pod)
         else:
             placed.append((pod, choice.node))
     return placed, left
+
+
+Roots = Mapping[int, Sequence[str]]  # model row -> PCIe root of each GPU (DRA rows)
+
+
+def same_root_rows(state: ClusterState, roots: Roots, count: int) -> np.ndarray:
+    """Rows where one PCIe root has `count` whole free GPUs (not partitioned, nothing shared), as
+    scoring.dramodel.same_root_nodes judges live DRA nodes for the gang controller."""
+    ok = np.zeros(len(state), dtype=bool)
+    for row, per_gpu in roots.items():
+        free = Counter(r for pos, r in enumerate(per_gpu)
+                       if pos < state.gpu_left.shape[1] and state.gpu_left[row, pos] == MILLI
+                       and not state.mig_enabled[row, pos])
+        ok[row] = bool(free) and max(free.values()) >= count
+    return ok
+
+
+def live_roots(snap: ClusterSnapshot, state: ClusterState) -> dict[int, tuple[str, ...]]:
+    """The PCIe roots of the GPUs of the snapshot's DRA nodes, by row of `state` (none without a pod that needs
+    them: the slices are read only then)."""
+    if not snap.dra_nodes or not any(p.same_root for p in snap.pods):
+        return {}
+    nodes = dra_cluster(snap.dra_slices, ()).nodes
+    return {state.index[name]: tuple(g.pcie_root for g in node.gpus) for name, node in nodes.items()
+            if name in state.index and state.gpu_count[state.index[name]] == len(node.gpus)}
+
+
+def upcoming_roots(specs: Sequence[NodeSpec], config: NodeScalerConfig) -> dict[int, tuple[str, ...]]:
+    """The PCIe roots of DRA nodes on their way (their group's template), by row."""
+    out = {}
+    for row, spec in enumerate(specs):
+        group = config.group(spec.node_group) if spec.dra else None
+        if group is not None and group.pcie_roots:
+            out[row] = group.pcie_roots
+    return out
 
 
 def placement_order(pod: PodInfo) -> tuple:
@@ -343,13 +384,15 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
     booting_rows = [state.index[n.name] for n in snap.nodes.values() if n.name in state.index and n.booting]
     block_rows(state, booting_rows)
     rows = snapshot_rows(snap, state)
-    placed, left = place_greedy(state, pending, cfg.policy, snap.workload, rows)
+    roots = live_roots(snap, state)
+    placed, left = place_greedy(state, pending, cfg.policy, snap.workload, rows, roots)
     out.fit_now = [p.key for p, _ in placed]
     # 2. fits on capacity already on its way
     upcoming, up_rows = upcoming_specs(snap, config, requested, wanted)
     up_state = ClusterState(upcoming)
+    up_roots = upcoming_roots(upcoming, config)
     if upcoming and left:
-        placed, left = place_greedy(up_state, left, cfg.policy, snap.workload, up_rows)
+        placed, left = place_greedy(up_state, left, cfg.policy, snap.workload, up_rows, up_roots)
         out.wait_upcoming = [p.key for p, _ in placed]
     # 3. MIG repartition of idle nodes
     if cfg.mig_repartition and left:
@@ -379,7 +422,8 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
         _plan_new_nodes(out, pods, [group[n] for n in names], room, grows)
     # 5. gangs, each as one unit, oldest first, on what the pods above left
     for key, members in sorted(gangs.items(), key=lambda kv: (kv[1][0].created, kv[0])):
-        state = _plan_gang(out, key, members, state, rows, up_state, up_rows, config, room, grows, snap.workload)
+        state = _plan_gang(out, key, members, state, rows, up_state, up_rows, config, room, grows, snap.workload,
+                           (roots, up_roots))
     for name, (count, keys) in sorted(grows.items()):
         out.grows.append(Grow(name, count, tuple(keys), group[name].cost_per_hour))
     return out
@@ -387,18 +431,20 @@ def plan_scale_out(snap: ClusterSnapshot, config: NodeScalerConfig, *, requested
 
 def _plan_gang(out: ScaleOutPlan, key: str, members: list[PodInfo], state: ClusterState, rows: Rows,
                up_state: ClusterState, up_rows: Rows, config: NodeScalerConfig, room: dict[str, int],
-               grows: dict[str, list], workload: Any) -> ClusterState:
+               grows: dict[str, list], workload: Any,
+               roots: tuple[Roots, Roots] | None = None) -> ClusterState:
     """Capacity for the whole gang or for none of it: its members go first on the free room of nodes there now,
     then on nodes on their way, then on new nodes, and a grow is kept only if it serves every member that is left.
     Returns the model with the room the gang takes held (for the next gang)."""
     policy = config.scale_out.policy
     keys = [m.key for m in members]
     trial = state.copy()
-    _placed, left = place_greedy(trial, members, policy, workload, rows)
+    live, on_the_way = roots or (None, None)
+    _placed, left = place_greedy(trial, members, policy, workload, rows, live)
     if not left:
         out.fit_now += keys  # the gang controller places it
         return trial
-    _placed, rest = place_greedy(up_state.copy(), left, policy, workload, up_rows)
+    _placed, rest = place_greedy(up_state.copy(), left, policy, workload, up_rows, on_the_way)
     if not rest:
         out.wait_upcoming += keys
         return trial

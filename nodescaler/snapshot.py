@@ -24,7 +24,16 @@ from typing import Any
 from scoring.clusterview import ClusterView
 from scoring.constraints import Expr, NodeConstraints, Taint, matches, node_taints
 from scoring.dra import DRA_LABEL, allocated_devices, claim_key
-from scoring.draclaims import PodDra, UnsupportedClaim, combined_demand, has_claims, pod_dra
+from scoring.draclaims import (
+    PodDra,
+    UnsupportedClaim,
+    claim_demand,
+    combined_demand,
+    has_claims,
+    pod_claim_names,
+    pod_dra,
+    same_root_count,
+)
 from scoring.draview import CLAIM_KIND, SLICE_KIND
 from scoring.gangs import GANG_GATE, RELEASED_ANNOTATION, GroupError, gates, group_of
 from scoring.gpus import MIG_RESOURCE_PREFIX, UnknownGpuModelError
@@ -159,6 +168,7 @@ class PodInfo:
     constraints: NodeConstraints = NodeConstraints()
     gang: str = ""  # the group gpuaas holds this pod in (scoring.gangs): gated, waiting to be placed whole
     claims: bool = False  # its GPUs come through DRA ResourceClaims of gpuaas's classes (demand: what they ask)
+    same_root: int = 0  # whole GPUs its unallocated claims want under one PCIe root (a matchAttribute constraint)
 
     @property
     def daemon(self) -> bool:
@@ -352,6 +362,7 @@ def _dra_pod_info(pod: Obj, claims: Mapping[str, Obj], templates: Mapping[str, O
         RELEASED_ANNOTATION not in ((pod.get("metadata") or {}).get("annotations") or {}) and \
         _ungrouped(pod) and demand.gpus > 0
     return dataclasses.replace(base, demand=demand, gpu=demand.gpus > 0, claims=True,
+                               same_root=0 if spec.get("nodeName") else _same_root(pod, dra, templates),
                                unschedulable=base.unschedulable or held,
                                unschedulable_since=base.unschedulable_since or (base.created if held else None))
 
@@ -359,6 +370,20 @@ def _dra_pod_info(pod: Obj, claims: Mapping[str, Obj], templates: Mapping[str, O
 def _held_demand(pod: Obj, dra: PodDra) -> PodDemand:
     """CPU and memory with the GPUs of every claim of the pod, allocated or not."""
     return combined_demand(pod_demand(pod), [c.demand for c in dra.claims], f"pod {pod_key(pod)}")
+
+
+def _same_root(pod: Obj, dra: PodDra, templates: Mapping[str, Obj]) -> int:
+    """Whole GPUs the pod's unallocated claims want under one PCIe root, templates' for claims not generated yet."""
+    count = same_root_count(dra)
+    ns = (pod.get("metadata") or {}).get("namespace") or "default"
+    generated = {c.entry for c in dra.claims}
+    for entry, _name, template in pod_claim_names(pod):
+        source = templates.get(f"{ns}/{template}") if template and entry not in generated else None
+        if source is not None:
+            where = f"ResourceClaimTemplate {ns}/{template}"
+            demand = claim_demand(((source.get("spec") or {}).get("spec")) or {}, where)
+            count += sum(r.count for r in demand.requests if r.name in demand.same_root) if demand else 0
+    return count
 
 
 def _ungrouped(pod: Obj) -> bool:

@@ -228,3 +228,39 @@ def test_a_pod_held_for_its_claims_triggers_a_reconcile_when_it_arrives(tmp_path
                TEMPLATE_KIND: SimpleNamespace(store={f"default/{t['metadata']['name']}": t for t in templates(WHOLE)})}
     svc._apply_change("Pod", None, held("whole", WHOLE))
     assert svc.trigger.is_set()
+
+
+ROOTED = {"dra": True, "gpu": {"model": "A100-80GB", "count": 4, "topology": {"numaNode": 2}},
+          "cpu": "64", "memory": "512Gi"}  # two PCIe roots of two GPUs each
+
+
+def test_a_claim_for_gpus_under_one_pcie_root_does_not_fit_free_gpus_across_roots():
+    from scoring.dra import PCIE_ROOT_ATTRIBUTE
+
+    cfg = config([{"name": "rooted", "template": ROOTED, "max_size": 4, "cost_per_hour": 10}])
+    node = booting_node(cfg, "rooted", "rooted-0", created=T0 - 3600)
+    slices = resource_slices(Pool.model_validate({**ROOTED, "name": "rooted", "count": 1}), "rooted-0")
+    assert cfg.group("rooted").pcie_roots == ("pci0000:00", "pci0000:00", "pci0000:10", "pci0000:10")
+    # GPU 0 (first root) and GPU 2 (second root) held: two GPUs free, one on each root.
+    used = [claim("u0", "rooted-0", "gpu-0", pod="r0"), claim("u2", "rooted-0", "gpu-2", pod="r2")]
+    running = [bound("r0", "rooted-0", WHOLE, "u0"), bound("r2", "rooted-0", WHOLE, "u2")]
+    two = PodDemand(1000, 1024, gpus=2, gpu_milli=MILLI, claims=True)
+    plain, rooted = dra_claim_template(two, "default"), dra_claim_template(two, "default")
+    rooted["metadata"]["name"] = "two-rooted"
+    rooted["spec"]["spec"]["devices"]["constraints"] = [{"matchAttribute": PCIE_ROOT_ATTRIBUTE}]
+    wants_root = held("rooted", two)
+    wants_root["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "two-rooted"
+
+    snap = build_snapshot([node], running + [held("plain", two)], [], T0, slices=slices, claims=used,
+                          templates=[plain])
+    assert plan_scale_out(snap, cfg).fit_now == ["default/plain"]
+    snap = build_snapshot([node], running + [wants_root], [], T0, slices=slices, claims=used, templates=[rooted])
+    assert [p.same_root for p in snap.pending] == [2]
+    plan = plan_scale_out(snap, cfg)
+    assert plan.fit_now == [] and [(g.group, g.count, g.pods) for g in plan.grows] == \
+        [("rooted", 1, ("default/rooted",))]
+    # While that node boots, the pod waits for it (its template has a free root), and nothing more is grown.
+    on_the_way = booting_node(cfg, "rooted", "rooted-new", created=T0 - 2)
+    plan = plan_scale_out(build_snapshot([node, on_the_way], running + [wants_root], [], T0, slices=slices,
+                                         claims=used, templates=[rooted]), cfg)
+    assert plan.wait_upcoming == ["default/rooted"] and plan.grows == []
