@@ -230,9 +230,10 @@ def scrape_interval_s(speed: float) -> float:
 def autoscaler_timing(speed: float) -> dict[str, Any]:
     """The autoscaler's period, cold start and rate windows in compressed time. A window spans at least 2.5 scrapes
     (a rate needs two samples in it, and scrapes jitter). It was 4: at the default speed 10 (1.5 s scrapes) that
-    stretched the 30 s short rate window to 60 s of trace time, and the simulator, on the same windows, loses 5.8 and
-    6.5 points of SLO attainment on the demo's two services (docs/demo.md); 2.5 scrapes (3.75 s, 37.5 s of trace time)
-    costs nothing there."""
+    stretched the 30 s short rate window to 60 s of trace time, and the simulator, on the same windows
+    (`--rate-windows 60,60,120`), loses 4.2 and 6.4 points of SLO attainment on the demo's two services; 2.5 scrapes
+    (3.75 s, 37.5 s of trace time) costs nothing there at the default phase. The demo's comparison runs the simulator
+    with these windows (gpuaas/demo/agreement.py)."""
     scrape = scrape_interval_s(speed)
     windows = {k: f"{round(1000 * max(v / speed, MIN_SCRAPES_PER_WINDOW * scrape))}ms"
                for k, v in TRACE_WINDOWS_S.items()}
