@@ -118,6 +118,34 @@ def test_report_of_both_runs(tmp_path):
     assert "<td>whole-GPU nodes free</td><td class=num>a100-0, a100-1, a100-2</td><td class=num>none</td>" in html
 
 
+def test_services_table_shows_the_demo_beside_the_simulator_and_why(tmp_path):
+    record = make_record()
+    record["runs"]["gpuaas"]["services"] = {
+        "llm-code": {"demo": 0.7615, "demo_requests": 8092, "simulated": 0.7954, "simulated_requests": 8092,
+                     "initial_replicas": 3, "command": "gpuaas simulate autoscaling --rate-windows 60,37.5,120",
+                     "simulated_low": 0.769, "simulated_high": 0.8172, "replayed": 0.7615, "on_demo_gpus": 0.7909,
+                     "on_demo_gpus_low": 0.7488, "on_demo_gpus_high": 0.8086, "why": "-3.39 points: <phases>",
+                     "replicas": [{"pod": "llm-code-a", "listed_s": 0.0, "bound_s": 0.0, "serving_s": 0.0},
+                                  {"pod": "llm-code-b", "listed_s": 29.5, "bound_s": 43.5, "serving_s": 49.5,
+                                   "gone_s": 132.7}],
+                     "gpus": [{"t": 0.0, "held": 3, "free": 43}, {"t": 30.0, "held": 4, "free": 3}]}}
+    # a record written before the measurements: the columns read "-"
+    record["runs"]["default"]["services"] = {
+        "llm-code": {"demo": 0.80, "demo_requests": 10, "simulated": 0.81, "simulated_requests": 10,
+                     "initial_replicas": 3,
+                     "command": "gpuaas simulate autoscaling --rate-windows 60,37.5,120"}}  # the same window
+    html = write_report(record, tmp_path / "out").read_text()
+    row = ("<td class=num>76.15%</td><td class=num>8092</td><td class=num>79.54%</td><td class=num>8092</td>"
+           "<td class=num>-3.39</td><td class=num>76.90%-81.72%</td><td class=num>76.15%</td>"
+           "<td class=num>79.09% (74.88%-80.86%)</td><td class=num>3</td>")
+    assert row in html
+    assert "<td class=num>80.00%</td><td class=num>10</td><td class=num>81.00%</td><td class=num>10</td>" \
+           "<td class=num>-1.00</td><td class=num>-</td><td class=num>-</td><td class=num>-</td>" in html
+    assert "<p class=warn>gpuaas llm-code: -3.39 points: &lt;phases&gt;</p>" in html  # escaped
+    assert html.count("<p class=warn>") == 1  # the default run is within 3 points: no why
+    assert "--rate-windows 60,37.5,120" in html
+
+
 def test_record_built_through_the_model_round_trips(tmp_path):
     """What the demo does: build the record with the model, write run.json, and the report reads it back equal."""
     record = parse_run_record(make_record())
