@@ -20,12 +20,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from runtime.drainformers import dra_informers
 from runtime.informer import Informer
 from runtime.kubeclient import ApiEndpoint, api_client
 from runtime.leader import component_elector
 from runtime.lifecycle import serve_with_elector
 from scoring.clusterview import ClusterView
-from scoring.dra import DRA_API
 from scoring.fragmentation import Workload
 from scoring.gangs import GROUP_LABELS, NodeFacts, gates
 
@@ -208,14 +208,8 @@ class Service:
                 Informer(endpoint, "/api/v1/nodes", kind="Node", on_change=self._on_change),
                 Informer(endpoint, "/api/v1/pods", kind="Pod", on_change=self._on_change),
             ]
-            if await asyncio.to_thread(self._serves_dra):
-                self.dra_informers = {
-                    "ResourceSlice": Informer(endpoint, f"{DRA_API}/resourceslices", kind="ResourceSlice",
-                                              on_change=self._on_change),
-                    "ResourceClaim": Informer(endpoint, f"{DRA_API}/resourceclaims", kind="ResourceClaim",
-                                              on_change=self._on_change),
-                }
-                self.informers += list(self.dra_informers.values())
+            self.dra_informers = await dra_informers(session, endpoint, self._on_change)
+            self.informers += list(self.dra_informers.values())
             tasks = [asyncio.create_task(i.run(session)) for i in self.informers]
             loop_task = asyncio.create_task(self._loop(stop))
             await stop.wait()
@@ -232,20 +226,6 @@ class Service:
                 self._reload.cancel()
             await webhook_runner.cleanup()
         await runner.cleanup()
-
-    def _serves_dra(self) -> bool:
-        """Whether the cluster serves resource.k8s.io/v1 (Kubernetes 1.34 on): without it no claim is gpuaas's."""
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        try:
-            client.ResourceV1Api(self.api).get_api_resources(_request_timeout=self.write_timeout or 30)
-            return True
-        except ApiException as err:
-            if err.status == 404:
-                log.info("resource.k8s.io/v1 not served: DRA claims are left to kube-scheduler")
-                return False
-            raise
 
     async def _start_webhook(self, host: str) -> web.AppRunner | None:
         if self.config.webhook is None:

@@ -2,7 +2,8 @@
 resource.k8s.io/v1 (Kubernetes 1.34 on): ResourceSlices and ResourceClaims, which a scoring.clusterview.ClusterView
 reads into its DRA nodes and the devices claims hold (scoring.draview), and, for a component that reads what pods
 waiting for their claims ask, ResourceClaimTemplates (a template's spec stands for a claim not generated yet:
-scoring.draclaims.pod_dra). The extender and the node scaler set theirs up here. RBAC: `list, watch` on each."""
+scoring.draclaims.pod_dra). The extender, the gang controller and the node scaler set theirs up here. RBAC: `list,
+watch` on each."""
 from __future__ import annotations
 
 import logging
