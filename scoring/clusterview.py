@@ -369,12 +369,9 @@ class ClusterView:
         if row is None:
             log.warning("dropping the assumed binding of %s to %s: the node is gone", key, placement.node)
             return
-        # ClusterState.place takes the CPU, memory and GPU share before it refuses: given back if it does.
-        taken = state.cpu_left[row], state.mem_left[row], state.gpu_left[row].copy()
         try:
-            state.place(row, placement.demand, placement.devices)
+            state.place_or_refuse(row, placement.demand, placement.devices)
         except (ValueError, KeyError, IndexError) as err:
-            state.cpu_left[row], state.mem_left[row], state.gpu_left[row] = taken
             log.warning("dropping the assumed binding of %s to %s: %s", key, placement.node, err)
             return
         self._record(key, placement)
@@ -515,18 +512,35 @@ class ClusterView:
         devices = bound.devices
         if devices is None and keep_assumed is not None and keep_assumed.node == bound.node:
             devices = keep_assumed.devices
+        demand, named = bound.demand, devices is not None
         try:
             if devices is None:  # the policy raises ValueError or IndexError when the node has no device left for it
-                devices = self.policy.devices(self.state, bound.demand, node) if bound.demand.gpus else ()
-            self.state.place(node, bound.demand, devices)
+                devices = self.policy.devices(self.state, demand, node) if demand.gpus else ()
+            self.state.place_or_refuse(node, demand, devices)
         except (ValueError, KeyError, IndexError) as err:
-            # The cluster holds more than the model thinks fits (a pod bound past gpuaas): count it, keep going.
+            # The cluster holds more than the model thinks fits (a pod bound past gpuaas, or devices its annotation
+            # names that another pod holds): count it, and place what the pod surely takes, so that its departure
+            # gives back exactly that: its GPUs on devices still free if the node has them, else its CPU and memory.
             self.parse_errors += 1
             log.warning("cannot account %s on %s%s: %s", bound.key, bound.node, list(devices or ()), err)
-            self._observe(self.policy, node)  # ClusterState.place took what it could before it refused
-            return
-        self._record(bound.key, Placement(bound.node, bound.demand, tuple(devices)))
+            demand, devices = self._place_what_fits(node, demand, named=named)
+        self._record(bound.key, Placement(bound.node, demand, tuple(devices)))
         self._observe(self.policy, node)
+
+    def _place_what_fits(self, node: int, demand: PodDemand, *, named: bool) -> tuple[PodDemand, tuple[int, ...]]:
+        """A refused pod's placement: on the devices the policy picks when those `named` for it (its annotation, or
+        its assumption) were taken, else with its CPU and memory alone."""
+        assert self.state is not None and self.policy is not None
+        if named and demand.gpus:
+            try:
+                devices = tuple(self.policy.devices(self.state, demand, node))
+                self.state.place_or_refuse(node, demand, devices)
+                return demand, devices
+            except (ValueError, KeyError, IndexError):
+                pass
+        cpu_only = PodDemand(cpu_milli=demand.cpu_milli, memory_mib=demand.memory_mib, name=demand.name)
+        self.state.place(node, cpu_only)
+        return cpu_only, ()
 
     def _unplace(self, key: str) -> None:
         self.assumed.pop(key, None)

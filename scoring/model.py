@@ -365,6 +365,16 @@ class ClusterState:
         self.pods_on[node].append((pod, tuple(gpus)))
         self.version += 1
 
+    def place_or_refuse(self, node: int, pod: PodDemand, gpus: Sequence[int] = ()) -> None:
+        """`place`, or its error with the node as it was: `place` takes the CPU, memory and GPU share before it
+        refuses (a DRA device allocated twice is held once that way, scoring.clusterview._hold)."""
+        taken = self.cpu_left[node], self.mem_left[node], self.gpu_left[node].copy()
+        try:
+            self.place(node, pod, gpus)
+        except (ValueError, KeyError, IndexError):
+            self.cpu_left[node], self.mem_left[node], self.gpu_left[node] = taken
+            raise
+
     def remove(self, node: int, pod: PodDemand, gpus: Sequence[int] = ()) -> None:
         """Undo `place` (pod departure, or a what-if revert)."""
         self.cpu_left[node] += pod.cpu_milli

@@ -47,14 +47,16 @@ def test_finished_pods_give_their_gpus_back():
     assert free_gpus(view, "a100-0000") == 8
 
 
-def test_a_pod_bound_past_gpuaas_where_its_gpus_are_not_free_is_counted_not_placed():
+def test_a_pod_bound_past_gpuaas_where_its_gpus_are_not_free_is_counted_and_holds_its_cpu_and_memory():
     # Bound by someone else (no gpuaas.io/devices) to a node whose model has 2 whole GPUs left: the policy has no 4
-    # GPUs to give it, so the view counts it as unreadable and keeps the node as it was.
+    # GPUs to give it, so the view counts it as unreadable, leaves the node's GPUs as they were and holds the CPU and
+    # memory the pod surely takes.
     view = view_with_nodes()
     view.on_change("Pod", None, bound(pending("big", gpus=6), "a100-0001", "0,1,2,3,4,5"))
     view.on_change("Pod", None, bound(pending("past", gpus=4), "a100-0001"))
     assert free_gpus(view, "a100-0001") == 2  # (the model is built here, and the pods placed)
-    assert view.parse_errors == 1 and "ml/past" not in view.placements and "ml/big" in view.placements
+    assert view.parse_errors == 1 and "ml/big" in view.placements
+    assert view.placements["ml/past"].demand.gpus == 0 and view.placements["ml/past"].demand.cpu_milli == 1000
 
 
 def test_node_heartbeats_do_not_rebuild_the_model():
@@ -320,3 +322,46 @@ def test_gated_pods_are_not_queued_and_pinned_pods_are_queued_with_their_node():
     assert view.queue["ml/g"].pinned == "a100-0001"
     view.snapshot()
     assert view.rows_by_hostname()["a100-0001"] == view.state.index["a100-0001"]
+
+
+def test_a_pod_whose_named_gpus_another_pod_holds_takes_free_ones_and_gives_back_what_it_took():
+    # Its annotation names GPUs 0 and 1, which `big` holds: the model places it on two free GPUs instead, and when
+    # both pods go the node is whole again (a refused place used to keep the CPU, memory and GPUs it had taken).
+    view = view_with_nodes()
+    big = bound(pending("big", gpus=6), "a100-0001", "0,1,2,3,4,5")
+    past = bound(pending("past", gpus=2), "a100-0001", "0,1")
+    view.on_change("Pod", None, big)
+    view.snapshot()
+    state, _ = view.snapshot()
+    row = state.index["a100-0001"]
+    cpu, mem = int(state.cpu_left[row]), int(state.mem_left[row])
+    view.on_change("Pod", None, past)
+    assert view.parse_errors == 1 and view.placements["ml/past"].devices == (6, 7)
+    assert free_gpus(view, "a100-0001") == 0
+    view.on_change("Pod", big, None)
+    view.on_change("Pod", past, None)
+    state, _ = view.snapshot()
+    assert free_gpus(view, "a100-0001") == 8
+    assert int(state.cpu_left[row]) > cpu and int(state.mem_left[row]) > mem
+    assert int(state.cpu_left[row]) == state.nodes[row].cpu_milli
+    assert int(state.mem_left[row]) == state.nodes[row].memory_mib
+
+
+def test_a_pod_bound_where_no_gpu_is_left_is_held_with_its_cpu_and_memory_and_gives_them_back():
+    view = view_with_nodes()
+    full = bound(pending("full", gpus=8), "a100-0001", "0,1,2,3,4,5,6,7")
+    past = bound(pending("past", gpus=1, cpu="7"), "a100-0001", "3")
+    view.on_change("Pod", None, full)
+    view.snapshot()
+    view.on_change("Pod", None, past)
+    state, _ = view.snapshot()
+    row = state.index["a100-0001"]
+    assert view.placements["ml/past"].demand.gpus == 0 and view.placements["ml/past"].devices == ()
+    assert (state.gpu_left[row] == 0).all()  # not below 0: the node still takes no GPU pod, and no place raises
+    view.on_change("Pod", full, None)
+    assert free_gpus(view, "a100-0001") == 8
+    state, _ = view.snapshot()
+    assert int(state.cpu_left[row]) == state.nodes[row].cpu_milli - 7000
+    view.on_change("Pod", past, None)
+    state, _ = view.snapshot()
+    assert int(state.cpu_left[row]) == state.nodes[row].cpu_milli
