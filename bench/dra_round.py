@@ -29,6 +29,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -171,29 +172,35 @@ def new_pod(stand: Stand, i: int, demand: Any) -> None:
     stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
 
 
-def bind_cpu_pod(stand: Stand, i: int, demand: Any, reserved: ClusterState | None) -> bool:
+def bind_cpu_pod(stand: Stand, i: int, demand: Any, reserved: ClusterState | None,
+                 where: Mapping[str, str] | None = None) -> bool:
     """CPU-only pod i bound where the gpuaas policy ranks best among the nodes it fits on in the view's model (and,
-    with `reserved`, beside the GPU pods planned there too); False when it fits nowhere."""
+    with `reserved`, beside the GPU pods planned there too), or on the node `where` names for it; False when it fits
+    nowhere."""
+    name = f"p{i:05d}"
     state, _ = stand.view.snapshot()
     state = state.copy()
-    ok = feasible(state, demand) & (feasible(reserved, demand) if reserved is not None else True)
-    choice = Placer(state, make_policy("gpuaas", state, stand.view.workload())).choose(demand, ok) \
-        if ok.any() else None
-    if choice is None:
-        return False
-    if reserved is not None:
-        reserved.place(choice.node, demand, ())
-    name = f"p{i:05d}"
+    if where is not None:
+        node = where[name]
+    else:
+        ok = feasible(state, demand) & (feasible(reserved, demand) if reserved is not None else True)
+        choice = Placer(state, make_policy("gpuaas", state, stand.view.workload())).choose(demand, ok) \
+            if ok.any() else None
+        if choice is None:
+            return False
+        if reserved is not None:
+            reserved.place(choice.node, demand, ())
+        node = state.names[choice.node]
     pod = pod_for_demand(name, NS, demand)
     pod["metadata"].update(uid=f"uid-{name}", creationTimestamp="2026-11-24T00:00:00Z")
-    pod["spec"]["nodeName"] = state.names[choice.node]
+    pod["spec"]["nodeName"] = node
     pod["status"] = {"phase": "Running"}
     stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
     return True
 
 
 def cpu_first(stand: Stand, pods: Sequence[Any], cpu_pods: Sequence[tuple[int, Any]], *,
-              held: bool) -> list[tuple[int, Any]]:
+              held: bool, where: Mapping[str, str] | None = None) -> list[tuple[int, Any]]:
     """Bind the CPU-only pods before the first round (see --cpu-pods); the pods left for after the rounds."""
     reserved = None
     if held:  # the waiting GPU pods planned as the controller's first round will (the place-one-pod loop, in order)
@@ -207,7 +214,7 @@ def cpu_first(stand: Stand, pods: Sequence[Any], cpu_pods: Sequence[tuple[int, A
                 if plan.ok:
                     row, devices = plan.placements[0]
                     reserved.place(row, demand, devices)
-    return [(i, d) for i, d in cpu_pods if not bind_cpu_pod(stand, i, d, reserved)]
+    return [(i, d) for i, d in cpu_pods if not bind_cpu_pod(stand, i, d, reserved, where)]
 
 
 def main() -> None:
@@ -225,6 +232,9 @@ def main() -> None:
                              "first round, each where the gpuaas policy ranks best on the live model (first: what "
                              "the CPU-pods entry does while the GPU pods wait gated) or only where it fits beside a "
                              "plan of the waiting GPU pods (held; those that fit nowhere there bind after the rounds)")
+    parser.add_argument("--cpu-pods-from", type=Path,
+                        help="with --cpu-pods first: bind each CPU-only pod on the node it has in this dump of a "
+                             "replay of the same slice and pods (bench/extender_replay.py --dump)")
     parser.add_argument("--request-ms", type=float, default=0.0,
                         help="latency of each request of the stand-in apiserver (a sleep in the writing thread)")
     args = parser.parse_args()
@@ -282,7 +292,12 @@ def main() -> None:
             if demand.gpus:
                 new_pod(stand, i, demand)
         cpu_pods = [(i, d) for i, d in enumerate(pods) if not d.gpus]
-        later = cpu_first(stand, pods, cpu_pods, held=args.cpu_pods == "held") if cpu_pods else []
+        where = None
+        if args.cpu_pods_from:  # where a replay's kube-scheduler put them (bench/extender_replay.py --dump)
+            dump = json.loads(args.cpu_pods_from.read_text())
+            where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in dump["pods"]
+                     if not p["spec"].get("resourceClaims") and p["spec"].get("nodeName")}
+        later = cpu_first(stand, pods, cpu_pods, held=args.cpu_pods == "held", where=where) if cpu_pods else []
         while True:
             one_round()
             if not rounds[-1]["released"] or len(rounds) >= 20:

@@ -108,6 +108,7 @@ class ClusterView:
         self.dra = DraView()
         self._gated_claims: dict[str, float] = {}  # pods with claims held by gpuaas's gate alone -> first seen so
         self._claim_allocated: set[str] = set()  # pods whose generated claim is allocated
+        self._claims_before_pod: dict[str, Obj] = {}  # pod key -> its claim, seen before the pod was
         self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
         self._rebuilding = False  # re-placing everything: the policy's node tables are made once, at the end
         self._node_changes: dict[str, None] = {}  # nodes whose spec changed since the model last took them, in order
@@ -172,6 +173,9 @@ class ClusterView:
         key = pod_key(obj)
         if new is not None and key not in self.recent:
             self._learn(key, new)
+            early = self._claims_before_pod.pop(key, None)
+            if early is not None:  # its claim came first (an informer's first list): what the pod asks is in it
+                self._learn_claim(early)
         self._track_queue(key, new)
         self._track_gated_claims(key, new)
         if new is None or not holds_resources(new):
@@ -250,6 +254,12 @@ class ClusterView:
         if demand.gpus:
             self.queue[key] = QueuedPod(key, demand, self.clock(),
                                         (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL))
+
+    def _learn_claim(self, claim: Obj) -> None:
+        shape = self.dra.pod_shape(claim, self.recent)
+        if shape is not None:
+            self.recent[shape[0]] = shape[1]
+            self._new_arrivals += 1
 
     def _track_gated_claims(self, key: str, pod: Obj | None) -> None:
         """`_gated_claims`: pods with claims that only gpuaas's gate holds (the gang controller allocates their claims
@@ -451,12 +461,14 @@ class ClusterView:
 
     def _on_claim(self, old: Obj | None, new: Obj | None) -> None:
         key, before, after = self.dra.on_claim(old, new)
-        if new is not None and old is None:  # what its pod asks: the learned workload (the pod reads as CPU only)
-            shape = self.dra.pod_shape(new, self.recent)
-            if shape is not None:
-                self.recent[shape[0]] = shape[1]
-                self._new_arrivals += 1
         owner = claim_owner(new or old or {})
+        if new is not None and old is None:  # what its pod asks: the learned workload (the pod reads as CPU only)
+            if owner is not None and owner not in self.recent:
+                self._claims_before_pod[owner] = new  # learned with the pod (informers list claims and pods apart)
+            else:
+                self._learn_claim(new)
+        elif new is None and owner is not None:
+            self._claims_before_pod.pop(owner, None)
         if owner is not None:
             if new is not None and (new.get("status") or {}).get("allocation"):
                 self._claim_allocated.add(owner)

@@ -175,3 +175,26 @@ def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated()
     view.on_change("Pod", released, pod)
     view.on_change("Pod", pod, None)
     assert "ml/p" not in view.queue and not view._gated_claims and not view._claim_allocated
+
+
+@pytest.mark.parametrize("claim_first", [False, True], ids=["pod-then-claim", "claim-then-pod"])
+def test_what_a_pod_asks_is_learned_from_its_claim_whichever_arrives_first(claim_first):
+    """An informer's first list (a controller started during a burst) may deliver the claims before their pods: the
+    claim waits for its pod, and the pod is learned with the GPUs its claim asks all the same. (Started after a
+    50-node burst, the gang controller learned no GPU shape that way and its first round released 291 pods instead
+    of 321: 85.21 % allocated against 91.10, bench/dra_round.py.)"""
+    nodes, slices = cluster_objects(WHOLE)
+    view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
+           "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two"}],
+                    "schedulingGates": [{"name": "gpuaas.io/gang"}]}, "status": {"phase": "Pending"}}
+    claim = {"metadata": {"name": "p-gpu", "namespace": "ml", "ownerReferences": [{"kind": "Pod", "name": "p"}]},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "gpu.nvidia.com", "count": 2}}]}}, "status": {}}
+    feeds = [("Pod", pod), ("ResourceClaim", claim)]
+    for kind, obj in reversed(feeds) if claim_first else feeds:
+        view.on_change(kind, None, obj)
+    assert (view.recent["ml/p"].gpus, view.recent["ml/p"].claims) == (2, True)
+    assert view.queue["ml/p"].demand.gpus == 2
+    assert any(s.gpus == 2 for s in view.workload().shapes)
