@@ -357,7 +357,7 @@ def undominated(groups: list[NodeGroup], pods: Sequence[PodInfo], room: dict[str
     never needs them, and each group left out shrinks the planner's model by a pods x nodes x GPUs slab."""
     keep = []
     for b in groups:
-        if not any(a is not b and _dominates(a, b, pods) and room[a.name] > a.max_new
+        if not any(a is not b and _dominates(a, b, pods) and room[group_of_variant(a.name)] > a.max_new
                    and (a.price, a.name) < (b.price, b.name) for a in groups):
             keep.append(b)
     return keep
@@ -466,16 +466,40 @@ def _plan_gang(out: ScaleOutPlan, key: str, members: list[PodInfo], state: Clust
     return trial
 
 
+VARIANT = "#"  # <group>#<k>: a DRA group's template with k GPUs opened for MIG (group names are DNS labels)
+
+
+def group_of_variant(name: str) -> str:
+    return name.split(VARIANT, 1)[0]
+
+
+def dra_variants(name: str, template: NodeSpec, pods: Sequence[PodInfo]) -> list[tuple[str, NodeSpec]]:
+    """A DRA template opened for the MIG profiles pods wait for (`template`), and, when pods that want whole GPUs or
+    shares wait too, the same node with fewer of those GPUs opened (k = 0 .. opened - 1), as planner groups of their
+    own: a DRA node's GPUs are partitioned as claims ask, so one new node may be opened for MIG on one GPU and another
+    on two. Without them every new node would be opened as for all the MIG pods, and whole-GPU pods would need more
+    nodes (5 MIG and 5 whole-GPU pods on 4-GPU nodes of 2 MIG GPUs: 3 nodes instead of 2)."""
+    out = [(name, template)]
+    if not template.dra or not template.mig_layouts or \
+            not any(p.known_demand.gpus and not p.known_demand.mig_profile for p in pods):
+        return out
+    opened = [i for i, layout in enumerate(template.mig_layouts) if layout]
+    for k in range(len(opened) - 1, -1, -1):
+        layouts = tuple(layout if i in opened[:k] else None for i, layout in enumerate(template.mig_layouts))
+        out.append((f"{name}{VARIANT}{k}", replace(template, mig_layouts=layouts if any(layouts) else None)))
+    return out
+
+
 def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[NodeGroupConfig], room: dict[str, int],
                     grows: dict[str, list]) -> None:
     """cheapest_nodes for pods that accept the same groups; records grows and unplaceable pods, uses up room."""
     groups = []
     wanted = mig_wanted(left)
     for g in candidates:
-        template = g.node_spec(f"{g.name}-template", wanted)
-        bound = nodes_needed(template, left, room[g.name], g.template_constraints())
-        if bound:
-            groups.append(NodeGroup(g.name, template, g.cost_per_hour, max_new=bound))
+        for name, template in dra_variants(g.name, g.node_spec(f"{g.name}-template", wanted), left):
+            bound = nodes_needed(template, left, room[g.name], g.template_constraints())
+            if bound:
+                groups.append(NodeGroup(name, template, g.cost_per_hour, max_new=bound))
     groups = undominated(groups, left, room)
     if len(groups) == 1 and all(p.known_demand.gpus and not p.known_demand.mig_profile
                                 and not p.known_demand.is_share for p in left):
@@ -500,12 +524,12 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
                else "no node group's labels and taints admit it")
         out.unplaceable.update({p.key: why for p in left})
         return
-    time_limit = out.time_limit
-    plan = cheapest_nodes([p.known_demand for p in left], groups, time_limit=time_limit)
-    served = list(range(len(left)))
-    while not plan.ok and len(served) > 1:  # max sizes too small for all of them: serve the largest prefix that fits
-        served = served[: len(served) // 2]
-        plan = cheapest_nodes([left[i].known_demand for i in served], groups, time_limit=time_limit)
+    plan, served = _cheapest(left, groups, out.time_limit)
+    used: Counter[str] = Counter()
+    for name, count in plan.new_nodes.items():
+        used[group_of_variant(name)] += count
+    if any(used[g] > room[g] for g in used):  # variants of one group together past its room: without variants
+        plan, served = _cheapest(left, [grp for grp in groups if VARIANT not in grp.name], out.time_limit)
     out.planner_status = plan.status
     out.notes += plan.notes
     if not plan.ok:
@@ -517,7 +541,17 @@ def _plan_new_nodes(out: ScaleOutPlan, left: list[PodInfo], candidates: list[Nod
                                         else "the node groups' max sizes leave no room for it")
     placed_pods = [i for i in served if i not in unplaceable]
     for name, count in plan.new_nodes.items():
-        room[name] -= count
-        entry = grows.setdefault(name, [0, []])
+        room[group_of_variant(name)] -= count
+        entry = grows.setdefault(group_of_variant(name), [0, []])
         entry[0] += count
         entry[1] += [left[placed_pods[k]].key for k, (grp, _) in enumerate(plan.assignments) if grp == name]
+
+
+def _cheapest(left: list[PodInfo], groups: list[NodeGroup], time_limit: float) -> tuple[Any, list[int]]:
+    """cheapest_nodes for `left`, or for the largest prefix the groups' max sizes can serve: (plan, indices served)."""
+    plan = cheapest_nodes([p.known_demand for p in left], groups, time_limit=time_limit)
+    served = list(range(len(left)))
+    while not plan.ok and len(served) > 1:  # max sizes too small for all of them: serve the largest prefix that fits
+        served = served[: len(served) // 2]
+        plan = cheapest_nodes([left[i].known_demand for i in served], groups, time_limit=time_limit)
+    return plan, served

@@ -264,3 +264,12 @@ def test_a_claim_for_gpus_under_one_pcie_root_does_not_fit_free_gpus_across_root
     plan = plan_scale_out(build_snapshot([node, on_the_way], running + [wants_root], [], T0, slices=slices,
                                          claims=used, templates=[rooted]), cfg)
     assert plan.wait_upcoming == ["default/rooted"] and plan.grows == []
+
+
+def test_new_dra_nodes_are_opened_for_mig_one_by_one_not_all_as_for_every_mig_pod():
+    """5 pods of 3g.40gb and 5 of a whole GPU on nodes of 4 GPUs, 2 of them MIG-capable (two 3g.40gb each): one node
+    with both MIG GPUs opened (4 partitions, 2 whole GPUs), one with one (1 partition, 3 whole GPUs): 2 nodes. With
+    every new node opened as for all five MIG pods, each would keep 2 whole GPUs: 3 nodes."""
+    pods = [held(f"m{i}", MIG) for i in range(5)] + [held(f"w{i}", WHOLE) for i in range(5)]
+    plan = plan_scale_out(build_snapshot([], pods, [], T0, templates=templates(WHOLE, MIG)), config(GROUPS))
+    assert [(g.group, g.count, len(g.pods)) for g in plan.grows] == [("dra", 2, 10)], plan.unplaceable
