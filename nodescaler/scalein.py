@@ -29,7 +29,7 @@ from scoring.fit import feasible
 from scoring.model import MILLI, ClusterState
 
 from .config import NodeScalerConfig
-from .scaleout import block_rows, place_greedy, snapshot_rows, unavailable_rows
+from .scaleout import block_rows, mig_wanted, open_dra_mig, place_greedy, snapshot_rows, unavailable_rows
 from .snapshot import ClusterSnapshot, NodeInfo, PdbInfo, PodInfo, in_service
 
 
@@ -119,7 +119,10 @@ class Round:
     unready: Mapping[str, float] = field(default_factory=dict)  # nodes in service unready, since when
 
     def __post_init__(self) -> None:
-        self.state = self.snap.state.copy()
+        waiting = [p for p in self.snap.pods if not p.node and p.gpu and p.demand is not None and not p.terminating
+                   and p.phase in ("Pending", "")]
+        # Idle DRA GPUs opened for the MIG profiles pods wait for, as scale-out sees them (scaleout.open_dra_mig).
+        self.state = open_dra_mig(self.snap, self.snap.state.copy(), mig_wanted(waiting))
         self.rows = snapshot_rows(self.snap, self.state)
         # Pods that still have to leave a node being drained, and pods waiting for a node (among them the
         # replacements of pods already evicted), need room on the rest: it is reserved before any new drain is
@@ -132,8 +135,6 @@ class Round:
         block_rows(self.state, unavailable_rows(self.snap))
         block_rows(self.state, [self.state.index[n.name] for n in self.snap.nodes.values()
                                 if n.booting and n.name in self.state.index])
-        waiting = [p for p in self.snap.pods if not p.node and p.gpu and p.demand is not None and not p.terminating
-                   and p.phase in ("Pending", "")]
         placed, _ = place_greedy(self.state, leaving + waiting, self.config.scale_out.policy, self.snap.workload,
                                  self.rows)
         self.reserved: dict[str, PodInfo] = {p.key: p for p, _ in placed}  # placed in `state` to hold their room
@@ -161,6 +162,7 @@ def candidates(r: Round) -> list[NodeInfo]:
     """Nodes that may be drained this round, emptiest first."""
     snap, cfg = r.snap, r.config.scale_in
     pending = snap.pending
+    model = open_dra_mig(snap, snap.state, mig_wanted(pending))  # a MIG pod fits an idle DRA node (its GPUs opened)
     out = []
     for n in snap.nodes.values():
         if n.name in r.taken or n.drain is not None or n.name not in r.unneeded:
@@ -177,7 +179,7 @@ def candidates(r: Round) -> list[NodeInfo]:
             r.skipped[n.name] = f"claim {n.claims_on_the_way[0]} is allocated on it for a pod not bound yet"
             continue
         row = snap.state.index[n.name]
-        waiting = next((p for p in pending if feasible(snap.state, p.known_demand)[row]), None)
+        waiting = next((p for p in pending if feasible(model, p.known_demand)[row]), None)
         if waiting is not None:
             r.skipped[n.name] = f"pending pod {waiting.key} fits on it"
             continue

@@ -273,3 +273,15 @@ def test_new_dra_nodes_are_opened_for_mig_one_by_one_not_all_as_for_every_mig_po
     pods = [held(f"m{i}", MIG) for i in range(5)] + [held(f"w{i}", WHOLE) for i in range(5)]
     plan = plan_scale_out(build_snapshot([], pods, [], T0, templates=templates(WHOLE, MIG)), config(GROUPS))
     assert [(g.group, g.count, len(g.pods)) for g in plan.grows] == [("dra", 2, 10)], plan.unplaceable
+
+
+def test_an_idle_dra_node_a_waiting_mig_pod_fits_on_is_not_drained(scale_in_cfg):
+    """The pod fits once one of the node's idle MIG GPUs is opened (the gang controller places it there): the node
+    is kept for it, as a device-plugin node a pending pod fits on is."""
+    node, slices = dra_node("dra-a")
+    snap = build_snapshot([node], [held("m", MIG)], [], T0, slices=slices, templates=templates(MIG))
+    r = plan_scale_in(snap, scale_in_cfg, {"dra-a": T0 - 10})
+    assert r.commands == [] and r.skipped["dra-a"] == "pending pod default/m fits on it"
+    # With no pod waiting, the same idle node goes.
+    r = plan_scale_in(build_snapshot([node], [], [], T0, slices=slices), scale_in_cfg, {"dra-a": T0 - 10})
+    assert [c.node for c in r.commands] == ["dra-a"]
