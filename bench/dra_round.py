@@ -9,12 +9,14 @@ pod always binds). What it measures is the controller's own time per round and w
 same objects (runtime.pools node_objects, runtime.draslices resource_slices, gpuaas.workloads claim templates) the
 local cluster serves. Prints one JSON object: per round the pods waiting and the seconds, the allocation ratio.
 
+`--start-after pods-first|claims-first` (burst): the controller's view is built once the burst exists, from lists of
+every object in that order, as a controller started then builds it (the replay's is).
 `--request-ms` gives each request the controller makes a latency (a sleep; requests in flight at once overlap), which
 shows what writing claims one after another costs against writing them in parallel.
 
 Usage:
   python bench/dra_round.py --nodes CSV --pods CSV [--slice 200] [--mode sequential|burst] [--pods-max 300]
-      [--request-ms 0]
+      [--request-ms 0] [--cpu-pods none|first|held [--cpu-pods-from DUMP]] [--start-after pods-first|claims-first]
       [--profile N]   (cProfile of round N, top functions by cumulative time, to stderr)
 """
 from __future__ import annotations
@@ -217,6 +219,20 @@ def cpu_first(stand: Stand, pods: Sequence[Any], cpu_pods: Sequence[tuple[int, A
     return [(i, d) for i, d in cpu_pods if not bind_cpu_pod(stand, i, d, reserved, where)]
 
 
+def relisted(view: ClusterView, slices: Mapping[str, Obj], lists: Sequence[tuple[str, Mapping[str, Obj]]]
+              ) -> ClusterView:
+    """A new view of the same objects, as a controller started now builds it: nodes, slices, then `lists` in order."""
+    out = ClusterView("gpuaas")
+    for node in view.nodes.values():
+        out.on_change("Node", None, node)
+    for s in slices.values():
+        out.on_change(SLICE_KIND, None, s)
+    for kind, store in lists:
+        for obj in store.values():
+            out.on_change(kind, None, obj)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", required=True)
@@ -235,6 +251,9 @@ def main() -> None:
     parser.add_argument("--cpu-pods-from", type=Path,
                         help="with --cpu-pods first: bind each CPU-only pod on the node it has in this dump of a "
                              "replay of the same slice and pods (bench/extender_replay.py --dump)")
+    parser.add_argument("--start-after", choices=("pods-first", "claims-first"),
+                        help="burst: the controller starts once the burst exists (as the replay's does): its view is "
+                             "built from lists of every object, the pods' before the claims' or after")
     parser.add_argument("--request-ms", type=float, default=0.0,
                         help="latency of each request of the stand-in apiserver (a sleep in the writing thread)")
     args = parser.parse_args()
@@ -298,6 +317,9 @@ def main() -> None:
             where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in dump["pods"]
                      if not p["spec"].get("resourceClaims") and p["spec"].get("nodeName")}
         later = cpu_first(stand, pods, cpu_pods, held=args.cpu_pods == "held", where=where) if cpu_pods else []
+        if args.start_after:  # the controller starts now: its view is its informers' first lists, in this order
+            kinds = [("Pod", stand.pods), (CLAIM_KIND, stand.claims)]
+            stand.view = relisted(stand.view, stand.slices, kinds if args.start_after == "pods-first" else kinds[::-1])
         while True:
             one_round()
             if not rounds[-1]["released"] or len(rounds) >= 20:
