@@ -7,9 +7,9 @@ import math
 import pytest
 
 from gpuaas.demo.agreement import (
+    OnDemoGpus,
     demo_slo,
     demo_windows,
-    OnDemoGpus,
     explain,
     initial_replicas,
     on_demo_gpus,
