@@ -140,12 +140,8 @@ def test_a_pod_s_claim_teaches_the_workload_what_the_pod_asks():
     assert any(s.gpu_milli == 250 for s in view.workload().shapes)
 
 
-def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated():
-    """A pod gated by gpuaas for its claims waits for the gang controller; the extender's joint plan keeps room for
-    it (what is ranked meanwhile, a burst's CPU-only pods, keeps off it): it is in the queue with the GPUs its claim
-    asks, and leaves it when its claim is allocated (the claim holds the GPUs then), when it is released, or goes."""
-    nodes, slices = cluster_objects(WHOLE)
-    view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
+def gated_pod_with_two_gpu_claim() -> tuple[dict, dict]:
+    """A pod gpuaas gates for its claim, and the claim its template made: two whole GPUs."""
     pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}],
                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two"}],
@@ -153,6 +149,16 @@ def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated()
     claim = {"metadata": {"name": "p-gpu", "namespace": "ml", "ownerReferences": [{"kind": "Pod", "name": "p"}]},
              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                  "deviceClassName": "gpu.nvidia.com", "count": 2}}]}}, "status": {}}
+    return pod, claim
+
+
+def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated():
+    """A pod gated by gpuaas for its claims waits for the gang controller; the extender's joint plan keeps room for
+    it (what is ranked meanwhile, a burst's CPU-only pods, keeps off it): it is in the queue with the GPUs its claim
+    asks, and leaves it when its claim is allocated (the claim holds the GPUs then), when it is released, or goes."""
+    nodes, slices = cluster_objects(WHOLE)
+    view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
+    pod, claim = gated_pod_with_two_gpu_claim()
     view.on_change("Pod", None, pod)
     assert "ml/p" not in view.queue  # what its claim asks is not known yet
     view.on_change("ResourceClaim", None, claim)
@@ -185,13 +191,7 @@ def test_what_a_pod_asks_is_learned_from_its_claim_whichever_arrives_first(claim
     of 321: 85.21 % allocated against 91.10, bench/dra_round.py.)"""
     nodes, slices = cluster_objects(WHOLE)
     view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
-    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
-           "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}],
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two"}],
-                    "schedulingGates": [{"name": "gpuaas.io/gang"}]}, "status": {"phase": "Pending"}}
-    claim = {"metadata": {"name": "p-gpu", "namespace": "ml", "ownerReferences": [{"kind": "Pod", "name": "p"}]},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                 "deviceClassName": "gpu.nvidia.com", "count": 2}}]}}, "status": {}}
+    pod, claim = gated_pod_with_two_gpu_claim()
     feeds = [("Pod", pod), ("ResourceClaim", claim)]
     for kind, obj in reversed(feeds) if claim_first else feeds:
         view.on_change(kind, None, obj)
