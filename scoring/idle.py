@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .gpus import MIG_RESOURCE_PREFIX, GpuModel
 from .kubeobjects import GPU_RESOURCE, SHARE_RESOURCE, holds_resources, pod_requests
 from .model import MILLI
 
-MIG_PREFIX = "nvidia.com/mig-"
 MIG_COMPUTE_SLICES = 7  # A100 and H100: a MIG instance "<n>g.<mem>" has n of a GPU's 7 compute slices
 # The two-level chains Kubernetes' own controllers make; any other controller is the workload itself.
 PARENT_KINDS = {"ReplicaSet": "Deployment", "Job": "CronJob"}
@@ -81,17 +81,21 @@ def resolve_workload(pod: Mapping[str, Any], owners: Mapping[tuple[str, str, str
     return Workload(ns, ref.get("kind", "?"), ref.get("name", "?"), ref.get("uid", ""), ref.get("apiVersion", "v1"))
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> float:
+def pod_gpus(pod: Mapping[str, Any], model: GpuModel | None = None) -> float:
     """Whole-GPU equivalents the pod requests: whole GPUs, a share as its thousandths, a MIG instance as its compute
-    slices over a GPU's seven."""
+    slices over its GPU's (`model`'s when known, else over seven: A100 and H100, read from the profile's name)."""
     total = 0.0
     for name, qty in pod_requests(pod).items():
         if name == GPU_RESOURCE:
             total += float(qty)
         elif name == SHARE_RESOURCE:
             total += float(qty) / MILLI
-        elif name.startswith(MIG_PREFIX) and qty > 0:
-            slices = name[len(MIG_PREFIX):].split("g.", 1)[0]
+        elif name.startswith(MIG_RESOURCE_PREFIX) and qty > 0:
+            if model is not None and model.mig_capable:
+                full = max(p.compute_slices for p in model.mig_profiles.values())
+                total += float(qty) * model.mig_profile(name).compute_slices / full
+                continue
+            slices = name[len(MIG_RESOURCE_PREFIX):].split("g.", 1)[0]
             total += float(qty) * (int(slices) if slices.isdigit() else 1) / MIG_COMPUTE_SLICES
     return total
 

@@ -25,11 +25,11 @@ from typing import Any
 from kubernetes import client
 
 from nodescaler.snapshot import build_snapshot, node_info, parse_time
+from scoring import idle
 from scoring.fragmentation import FragmentationIndex, Workload
 from scoring.gangs import GANG_LABEL
 from scoring.gpus import MIG_RESOURCE_PREFIX, model_by_product
 from scoring.kubeobjects import GPU_RESOURCE, PRODUCT_LABEL, SHARE_RESOURCE, holds_resources, pod_key, pod_requests
-from scoring.model import MILLI
 
 from ..cluster.stages import COMPLETE_AFTER_ANNOTATION
 
@@ -41,22 +41,14 @@ OVERDUE_S = 10.0  # a job kwok has not finished this long after it was due is no
 # -- GPUs -------------------------------------------------------------------------------------------------------------
 
 def pod_gpus(pod: Obj, node: Obj | None) -> float:
-    """Whole-GPU equivalents a pod requests (MIG instance: its compute slices over the GPU's, on `node`'s model)."""
-    total = 0.0
-    for name, qty in pod_requests(pod).items():
-        if name == GPU_RESOURCE:
-            total += float(qty)
-        elif name == SHARE_RESOURCE:
-            total += float(qty) / MILLI
-        elif name.startswith(MIG_RESOURCE_PREFIX) and qty > 0:
-            labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-            model = model_by_product(labels.get(PRODUCT_LABEL, ""))
-            if model is None or not model.mig_capable:
-                raise ValueError(f"pod {pod_key(pod)} holds {name} on node {labels.get('kubernetes.io/hostname')} "
-                                 "whose GPU model has no MIG")
-            full = max(p.compute_slices for p in model.mig_profiles.values())
-            total += float(qty) * model.mig_profile(name).compute_slices / full
-    return total
+    """Whole-GPU equivalents a pod requests (scoring.idle.pod_gpus), a MIG instance's on `node`'s GPU model."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    model = model_by_product(labels.get(PRODUCT_LABEL, ""))
+    mig = [name for name, qty in pod_requests(pod).items() if name.startswith(MIG_RESOURCE_PREFIX) and qty > 0]
+    if mig and (model is None or not model.mig_capable):
+        raise ValueError(f"pod {pod_key(pod)} holds {mig[0]} on node {labels.get('kubernetes.io/hostname')} "
+                         "whose GPU model has no MIG")
+    return idle.pod_gpus(pod, model)
 
 
 def gpu_ready(node: Obj) -> bool:
