@@ -10,7 +10,6 @@ that first tests the gate's name at that index, so gpuaas never removes another 
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +30,7 @@ from scoring.gangs import (
     GangSettings,
     GroupError,
     NodeFacts,
+    created_at,
     decide,
     gates,
     group_of,
@@ -95,11 +95,6 @@ class PodWriter(Protocol):
     def delete(self, key: str, uid: str) -> bool: ...
 
     def note(self, key: str, uid: str, type_: str, reason: str, message: str) -> None: ...
-
-
-def created_at(pod: Obj) -> float:
-    raw = (pod.get("metadata") or {}).get("creationTimestamp")
-    return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp() if raw else 0.0
 
 
 def finished(pod: Obj) -> bool:
