@@ -36,7 +36,7 @@ from scoring.constraints import HOSTNAME_LABEL
 from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold, claim_owner
 from scoring.fit import misfit_reason
 from scoring.fragmentation import Workload
-from scoring.gangs import GANG_GATE
+from scoring.gangs import GANG_GATE, pod_release_order
 from scoring.gpus import UnknownGpuModelError, get_model
 from scoring.kubeobjects import (
     DEVICES_ANNOTATION,
@@ -106,7 +106,8 @@ class ClusterView:
         self.rebuilds = 0
         self.parse_errors = 0
         self.dra = DraView()
-        self._gated_claims: dict[str, float] = {}  # pods with claims held by gpuaas's gate alone -> first seen so
+        # pods with claims held by gpuaas's gate alone -> first seen so, and where the gang controller takes them
+        self._gated_claims: dict[str, tuple[float, tuple[int, float, str]]] = {}
         self._claim_allocated: set[str] = set()  # pods whose generated claim is allocated
         self._claims_before_pod: dict[str, Obj] = {}  # pod key -> its claim, seen before the pod was
         self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
@@ -263,14 +264,14 @@ class ClusterView:
 
     def _track_gated_claims(self, key: str, pod: Obj | None) -> None:
         """`_gated_claims`: pods with claims that only gpuaas's gate holds (the gang controller allocates their claims
-        and releases them), by the time first seen so."""
+        and releases them), by the time first seen so, with the place the controller takes them in."""
         spec = (pod or {}).get("spec") or {}
         held = (pod is not None and bool(spec.get("resourceClaims")) and not spec.get("nodeName")
                 and [g.get("name") for g in spec.get("schedulingGates") or ()] == [GANG_GATE]
                 and not (pod.get("metadata") or {}).get("deletionTimestamp")
                 and (pod.get("status") or {}).get("phase", "Pending") == "Pending")
-        if held and key not in self._gated_claims:
-            self._gated_claims[key] = self.clock()
+        if held and key not in self._gated_claims and pod is not None:
+            self._gated_claims[key] = (self.clock(), pod_release_order(pod))
         elif not held and key in self._gated_claims:
             del self._gated_claims[key]
         if pod is None:
@@ -285,7 +286,8 @@ class ClusterView:
         want = key in self._gated_claims and key not in self._claim_allocated and shape is not None and \
             bool(shape.gpus) and shape.claims
         if want and key not in self.queue and shape is not None:
-            self.queue[key] = QueuedPod(key, shape, self._gated_claims[key])
+            since, order = self._gated_claims[key]
+            self.queue[key] = QueuedPod(key, shape, since, release_order=order)
         elif not want and key in self.queue and self.queue[key].demand.claims:
             del self.queue[key]
 

@@ -29,6 +29,10 @@ class QueuedPod:
     demand: PodDemand
     waiting_since: float  # seconds, the caller's clock
     pinned: str | None = None  # the hostname a nodeSelector pins it to (a gang's released member): that node only
+    # A pod gpuaas's gate holds for the gang controller (its DRA claims): where the controller takes it
+    # (scoring.gangs.pod_release_order). Such pods are planned before the others, in that order, as the controller's
+    # next round places them all at once.
+    release_order: tuple[int, float, str] | None = None
 
 
 @dataclass
@@ -47,7 +51,12 @@ def plan_order(queue: Sequence[QueuedPod], now: float, max_wait_s: float, window
     """Pods that waited max_wait_s first, oldest first; then by arrival in windows of `window` pods (0: one window),
     largest first (GPU share, then CPU) inside a window, oldest first among equals. Inside a window big pods go first,
     which packs; across windows arrival order holds, so a small pod is passed over only by the pods of its own window
-    (with one window a burst of whole-GPU pods can take every GPU and leave every GPU share unplaced)."""
+    (with one window a burst of whole-GPU pods can take every GPU and leave every GPU share unplaced).
+    Before all of them, the pods the gang controller places (`QueuedPod.release_order`), in its order: its next round
+    places them all at once, whatever kube-scheduler does meanwhile."""
+    held = sorted((p for p in queue if p.release_order is not None), key=lambda p: p.release_order or ())
+    if held:
+        queue = [p for p in queue if p.release_order is None]
     arrival = {p.key: i for i, p in enumerate(sorted(queue, key=lambda p: (p.waiting_since, p.key)))}
 
     def key(p: QueuedPod) -> tuple[bool, float, int, int, int, float, str]:
@@ -55,7 +64,7 @@ def plan_order(queue: Sequence[QueuedPod], now: float, max_wait_s: float, window
         batch = arrival[p.key] // window if window > 0 else 0
         return (not overdue, p.waiting_since if overdue else 0.0, batch, -p.demand.total_gpu_milli,
                 -p.demand.cpu_milli, p.waiting_since, p.key)
-    return sorted(queue, key=key)
+    return held + sorted(queue, key=key)
 
 
 def plan_queue(state: ClusterState, policy: str, workload: Workload | None, queue: Sequence[QueuedPod], *,
