@@ -3,7 +3,8 @@
 Pods that request a GPU resource go through filter, prioritize and bind (managedResources). kube-scheduler keeps
 counting nvidia.com/gpu and nvidia.com/mig-* itself (the nodes advertise them); the GPU share resource exists on no
 node, so the scheduler is told to ignore it and gpuaas alone accounts for it. Pods that ask for no GPU go through a
-second, ignorable entry that only ranks nodes (cpu_pods_entry), so that they do not strand GPUs.
+second, ignorable entry that ranks nodes (cpu_pods_entry), so that they do not strand GPUs, and holds them off the room
+planned for a burst's GPU pods.
 """
 from __future__ import annotations
 
@@ -75,14 +76,16 @@ CPU_PODS_PREFIX = "/cpu"  # where the extender answers cpu_pods_entry's prioriti
 def cpu_pods_entry(url_prefix: str, *, weight: int = DEFAULT_WEIGHT, timeout: str = "5s",
                    ca_file: str | None = None, cert_file: str | None = None,
                    key_file: str | None = None) -> dict[str, Any]:
-    """The entry for pods that ask for no GPU: prioritize only. Where such pods share nodes with GPU pods,
-    kube-scheduler alone spreads them, and the CPU and memory they take strand the GPUs beside them (FGD's case);
-    gpuaas ranks the nodes where that costs least. kube-scheduler's own filters decide where they fit, so there is no
-    filter round trip, and the entry is ignorable: while gpuaas is down such pods are placed as without it. An
-    extender entry cannot leave GPU pods out (managedResources only selects), so they reach it too and get an empty
-    answer at once (their ranking comes from extender_entry)."""
+    """The entry for pods that ask for no GPU: filter and prioritize, no bind. Where such pods share nodes with GPU
+    pods, kube-scheduler alone spreads them, and the CPU and memory they take strand the GPUs beside them (FGD's
+    case); gpuaas ranks the nodes where that costs least. kube-scheduler's own filters decide where they fit; gpuaas's
+    filter only holds them off the room planned for pending GPU pods while those are placed jointly (a burst), where
+    they fit beside the plan elsewhere. The entry is ignorable: while gpuaas is down such pods are placed as without
+    it. An extender entry cannot leave GPU pods out (managedResources only selects), so they reach it too and get
+    every node back, and an empty ranking, at once (extender_entry filters and ranks them)."""
     entry: dict[str, Any] = {
         "urlPrefix": url_prefix.rstrip("/") + CPU_PODS_PREFIX,
+        "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "weight": weight,
         "nodeCacheCapable": True,

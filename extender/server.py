@@ -58,7 +58,8 @@ READY: web.AppKey[Callable[[], Readiness | bool]] = web.AppKey("ready")
 PRIORITY_ENCODER = web.AppKey("priority_encoder", HostPriorityEncoder)
 
 
-VERBS = ("filter", "prioritize", "bind", "cpu/prioritize", "healthz", "readyz", "metrics", "explain", "root")
+VERBS = ("filter", "prioritize", "bind", "cpu/filter", "cpu/prioritize", "healthz", "readyz", "metrics", "explain",
+         "root")
 
 
 class UnreadableBody(BadRequest):
@@ -98,7 +99,7 @@ async def errors(request: web.Request,
         log.exception("unexpected error in %s", verb)
         response = _error(500, f"internal error: {type(err).__name__}: {err}")
     finally:
-        if verb in ("filter", "prioritize", "bind", "cpu/prioritize"):
+        if verb in ("filter", "prioritize", "bind", "cpu/filter", "cpu/prioritize"):
             metrics.latency.labels(verb).observe(time.perf_counter() - started)
     metrics.errors.labels(verb, str(response.status)).inc()
     return response
@@ -138,6 +139,11 @@ def _priorities(request: web.Request, scored: Priorities) -> web.Response:
 async def prioritize_verb(request: web.Request) -> web.Response:
     args = ExtenderArgs.model_validate(await _read_json(request))
     return _priorities(request, request.app[SERVICE].prioritize(args))
+
+
+async def filter_cpu_pods_verb(request: web.Request) -> web.Response:
+    args = ExtenderArgs.model_validate(await _read_json(request))
+    return _json(request.app[SERVICE].filter_cpu_pods(args))
 
 
 async def prioritize_cpu_pods_verb(request: web.Request) -> web.Response:
@@ -195,6 +201,7 @@ def make_app(config: ExtenderConfig, service: ExtenderService, metrics: Metrics,
     app.router.add_post("/filter", filter_verb)
     app.router.add_post("/prioritize", prioritize_verb)
     app.router.add_post("/bind", bind_verb)
+    app.router.add_post(f"{CPU_PODS_PREFIX}/filter", filter_cpu_pods_verb)
     app.router.add_post(f"{CPU_PODS_PREFIX}/prioritize", prioritize_cpu_pods_verb)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

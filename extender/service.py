@@ -13,6 +13,7 @@ from scoring import verdicts
 from scoring.clusterview import ClusterView
 from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
 from scoring.fit import feasible
+from scoring.gangs import created_at
 from scoring.kubeobjects import (
     DEVICES_ANNOTATION,
     ObjectError,
@@ -74,8 +75,9 @@ class FilterMemo:
 class ExtenderService:
     def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup, *,
                  scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,),
-                 queue_planning: QueuePlanning = QueuePlanning()):
+                 queue_planning: QueuePlanning = QueuePlanning(), wall_clock: Callable[[], float] = time.time):
         self.view = view
+        self.wall_clock = wall_clock  # epoch seconds, against pods' creationTimestamp
         self.queue_planning = queue_planning
         self.plan: QueuePlan | None = None
         self._plan_model = -1  # view.rows_version when the plan was made: its rows and its copy of the model
@@ -160,7 +162,12 @@ class ExtenderService:
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
+            fresh = key not in self.view.assumed
             self.view.assume(key, pick, demand, self._devices(args.Pod, state, policy, demand, node))
+            if not demand.gpus and fresh:
+                # kube-scheduler binds it itself (the CPU-pod entry has no bind): from now on the plan's reserved
+                # model holds it too, so that the next pods asking for no GPU are judged beside it.
+                self._reserve_unplanned(key, node, demand, ())
         self.metrics.decision("prioritize", "scored").inc(len(scored.names))
         return scored
 
@@ -216,6 +223,48 @@ class ExtenderService:
             plan.reserved.place(node, demand, devices)
         except ValueError:  # MigLayoutError is one too
             self.plan = None
+
+    def filter_cpu_pods(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        """The CPU-pod entry's filter (extender.schedconfig.cpu_pods_entry): every candidate passes (kube-scheduler's
+        own filters judged the fit), except that while the pending GPU pods are planned jointly, a pod asking for no
+        GPU is held off the nodes where it would take the room planned for them, a burst's gated DRA pods among them
+        (in the gang controller's order, scoring.queueplan). Where it fits beside the plan on no candidate, it waits
+        (every node failed, resolvable: kube-scheduler tries it again as pods bind), until it has waited
+        queue_max_wait_seconds since its creation; from then on it is not held. A GPU pod, which that entry cannot
+        leave out, passes at once: the GPU entry filters it."""
+        demand = self._demand(args.Pod)
+        names = args.node_names()
+        failed: dict[str, str] = {}
+        feasible_names = names
+        if demand.gpus:
+            self.metrics.decision("filter", "gpu-pod-skipped").inc()
+        elif names and self.wall_clock() - self._created(args.Pod) < self.queue_planning.max_wait_s:
+            state, _ = self.view.snapshot()
+            plan = self._queue_plan(state)
+            if plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
+                verdict = verdicts.FilterVerdict(list(names), feasible_rows=verdicts.node_indices(state, names))
+                held = verdicts.hold_for_plan(verdict, plan.reserved, demand, reason=verdicts.HELD_BESIDE_PLAN)
+                if held:
+                    self.metrics.decision("filter", "held-beside-plan").inc(held)
+                    feasible_names, failed = verdict.feasible, verdict.failed
+                    self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible,
+                                                   verdict.feasible_rows, state.version)
+        nodes = None
+        if args.NodeNames is None and args.Nodes is not None:
+            keep = set(feasible_names)
+            nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
+                                             if n["metadata"]["name"] in keep]}
+        return ExtenderFilterResult.model_construct(
+            Nodes=nodes, NodeNames=list(feasible_names) if args.NodeNames is not None else None,
+            FailedNodes=failed, FailedAndUnresolvableNodes={}, Error="")
+
+    @staticmethod
+    def _created(pod: dict[str, Any]) -> float:
+        try:
+            return created_at(pod)
+        except (ValueError, AttributeError):
+            raise BadRequest(f"Pod.metadata.creationTimestamp {pod['metadata'].get('creationTimestamp')!r} is not an "
+                             "RFC 3339 time") from None
 
     def prioritize_cpu_pods(self, args: ExtenderArgs) -> verdicts.Priorities:
         """The CPU-pod entry's prioritize (extender.schedconfig.cpu_pods_entry): a pod that asks for no GPU is ranked

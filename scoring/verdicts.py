@@ -115,21 +115,31 @@ HELD_FOR_PLAN = ("held for the pods gpuaas planned ahead of this one (the pendin
                  "largest first; this pod goes first once it has waited queue_max_wait_seconds)")
 
 
-def hold_for_plan(verdict: FilterVerdict, reserved: ClusterState, pod: PodDemand) -> int:
+HELD_BESIDE_PLAN = ("held for the GPU pods gpuaas planned here: the CPU and memory this pod asks would leave them "
+                    "no room (while pending GPU pods are placed jointly, a pod asking for no GPU goes where it fits "
+                    "beside them, and where it fits nowhere beside them it waits until they are placed, at most "
+                    "queue_max_wait_seconds after its creation)")
+
+
+def hold_for_plan(verdict: FilterVerdict, reserved: ClusterState, pod: PodDemand, *,
+                  reason: str = HELD_FOR_PLAN) -> int:
     """A pod the joint plan left out may not take room promised to planned pods: of the nodes it fits now, those it
     does not fit on `reserved` (the model with every planned pod placed, a copy of the one `verdict` was made on, so
-    its rows are the same) move to `failed` (resolvable: the room frees when the plan changes). Changes `verdict`;
-    returns how many nodes were held back."""
+    its rows are the same; -1 for a node the model does not know, which is left alone) move to `failed` with
+    `reason` (resolvable: the room frees when the plan changes). Changes `verdict`; returns how many nodes were held
+    back."""
     rows = verdict.feasible_rows
     if rows is None or not verdict.feasible:
         return 0
-    keep = feasible(reserved, pod)[rows]
+    known = rows >= 0
+    keep = np.ones(len(rows), dtype=bool)
+    keep[known] = feasible(reserved, pod)[rows[known]]
     if keep.all():
         return 0
     held = list(compress(verdict.feasible, (~keep).tolist()))
     verdict.feasible = list(compress(verdict.feasible, keep.tolist()))
     verdict.feasible_rows = rows[keep]
-    verdict.failed.update(dict.fromkeys(held, HELD_FOR_PLAN))
+    verdict.failed.update(dict.fromkeys(held, reason))
     return len(held)
 
 
