@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,14 +46,15 @@ from runtime.pools import node_objects, pools_from_node_specs
 from scoring.clusterview import ClusterView
 from scoring.dra import claim_key
 from scoring.draview import CLAIM_KIND, SLICE_KIND
-from scoring.fit import feasible
-from scoring.gangs import GANG_GATE, GangSettings, NodeFacts, place_alone
+from scoring.fit import cpu_fits, feasible, memory_fits
+from scoring.gangs import GANG_GATE, GangSettings, NodeFacts, created_at
 from scoring.model import ClusterState
 from scoring.placement import Placer
 from scoring.policies import make_policy
 from scoring.simulation import inflate, simulate
 
 NS = "replay"
+CREATED = "2026-11-24T00:00:00Z"
 Obj = dict[str, Any]
 
 
@@ -160,7 +161,7 @@ def new_pod(stand: Stand, i: int, demand: Any) -> None:
     """Pod i with its claim generated from its template (what kube-controller-manager does)."""
     name = f"p{i:05d}"
     pod = dra_pod_for_demand(name, NS, demand, gated=True)
-    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp="2026-11-24T00:00:00Z")
+    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp=CREATED)
     pod["status"] = {"phase": "Pending"}
     template = dra_claim_template(demand, NS)
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -194,7 +195,7 @@ def bind_cpu_pod(stand: Stand, i: int, demand: Any, reserved: ClusterState | Non
             reserved.place(choice.node, demand, ())
         node = state.names[choice.node]
     pod = pod_for_demand(name, NS, demand)
-    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp="2026-11-24T00:00:00Z")
+    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp=CREATED)
     pod["spec"]["nodeName"] = node
     pod["status"] = {"phase": "Running"}
     stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
@@ -208,15 +209,57 @@ def cpu_first(stand: Stand, pods: Sequence[Any], cpu_pods: Sequence[tuple[int, A
     if held:  # the waiting GPU pods planned as the controller's first round will (the place-one-pod loop, in order)
         state, _ = stand.view.snapshot()
         reserved = state.copy()
-        workload = stand.view.workload()
+        placer = Placer(reserved, make_policy("gpuaas", reserved, stand.view.workload()))
         for pod in pods:
             if pod.gpus:
-                demand = dataclasses.replace(pod, claims=True)  # asks through its claim: DRA nodes only
-                plan = place_alone(reserved, demand, "gpuaas", workload, None)
-                if plan.ok:
-                    row, devices = plan.placements[0]
-                    reserved.place(row, demand, devices)
+                placer.place(dataclasses.replace(pod, claims=True))  # asks through its claim: DRA nodes only
     return [(i, d) for i, d in cpu_pods if not bind_cpu_pod(stand, i, d, reserved, where)]
+
+
+def extender_cpu_pods(stand: Stand, cpu_pods: Sequence[tuple[int, Any]], *,
+                      min_pods: int = 16) -> tuple[list[tuple[int, Any]], dict[str, float]]:
+    """Bind the CPU-only pods before the first round as the shipped deployment places them: the extender's CPU-pods
+    entry (extender.service.ExtenderService.filter_cpu_pods, then prioritize_cpu_pods) on a view of its own, built
+    from lists of every object (pods first), with joint queue planning on; kube-scheduler's part is its resource fit
+    (the candidates are the nodes whose CPU and memory fit the pod; the DRA nodes' GPUs are not its concern) and the
+    best score. Returns the pods that fit nowhere (none here: kube-scheduler would retry them) and the extender's
+    decision counts."""
+    from extender.metrics import Metrics
+    from extender.service import ExtenderService, QueuePlanning
+    from extender.wire import ExtenderArgs
+
+    async def no_lookup(namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    view = relisted(stand.view, stand.slices, [("Pod", stand.pods), (CLAIM_KIND, stand.claims)])
+    metrics = Metrics()
+    created = created_at({"metadata": {"creationTimestamp": CREATED}})  # the burst arrived just now
+    service = ExtenderService(view, cast(Any, None), metrics, no_lookup,
+                              queue_planning=QueuePlanning(min_pods=min_pods), wall_clock=lambda: created)
+    left = []
+    for i, demand in cpu_pods:
+        name = f"p{i:05d}"
+        pod = pod_for_demand(name, NS, demand)
+        pod["metadata"].update(uid=f"uid-{name}", creationTimestamp=CREATED)
+        state, _ = view.snapshot()
+        fits = cpu_fits(state, demand) & memory_fits(state, demand)
+        names = [state.names[r] for r in np.flatnonzero(fits)]
+        if not names:
+            left.append((i, demand))
+            continue
+        passed = service.filter_cpu_pods(ExtenderArgs(Pod=pod, NodeNames=names)).NodeNames or []
+        if not passed:  # held on every node: kube-scheduler retries it later (after the rounds here)
+            left.append((i, demand))
+            continue
+        scored = service.prioritize_cpu_pods(ExtenderArgs(Pod=pod, NodeNames=passed))
+        node = scored.pick or passed[0]
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Running"}
+        stand.put("Pod", stand.pods, f"{NS}/{name}", pod, now=True)
+        view.on_change("Pod", None, pod)
+    counts = {f"{s.labels['verb']}/{s.labels['outcome']}": s.value for m in metrics.decisions.collect()
+              for s in m.samples if s.name.endswith("_total")}
+    return left, counts
 
 
 def relisted(view: ClusterView, slices: Mapping[str, Obj], lists: Sequence[tuple[str, Mapping[str, Obj]]]
@@ -243,11 +286,12 @@ def main() -> None:
     parser.add_argument("--mode", choices=("sequential", "burst"), default="sequential")
     parser.add_argument("--pods-max", type=int, default=300, help="GPU pods replayed (the first of the list)")
     parser.add_argument("--profile", type=int, default=0, help="profile this round (1-based)")
-    parser.add_argument("--cpu-pods", choices=("none", "first", "held"), default="none",
+    parser.add_argument("--cpu-pods", choices=("none", "first", "held", "extender"), default="none",
                         help="burst: leave the trace's CPU-only pods out (none), or bind them before the controller's "
                              "first round, each where the gpuaas policy ranks best on the live model (first: what "
                              "the CPU-pods entry does while the GPU pods wait gated) or only where it fits beside a "
-                             "plan of the waiting GPU pods (held; those that fit nowhere there bind after the rounds)")
+                             "plan of the waiting GPU pods (held; those that fit nowhere there bind after the rounds), "
+                             "or through the extender's CPU-pods entry, filter and prioritize (extender)")
     parser.add_argument("--cpu-pods-from", type=Path,
                         help="with --cpu-pods first: bind each CPU-only pod on the node it has in this dump of a "
                              "replay of the same slice and pods (bench/extender_replay.py --dump)")
@@ -302,6 +346,7 @@ def main() -> None:
                        "reconcile_s": round(t_end - t_in, 4)})
 
     started = time.perf_counter()
+    extender_decisions = None
     if args.mode == "sequential":
         for i, demand in enumerate(pods):
             new_pod(stand, i, demand)
@@ -316,7 +361,10 @@ def main() -> None:
             dump = json.loads(args.cpu_pods_from.read_text())
             where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in dump["pods"]
                      if not p["spec"].get("resourceClaims") and p["spec"].get("nodeName")}
-        later = cpu_first(stand, pods, cpu_pods, held=args.cpu_pods == "held", where=where) if cpu_pods else []
+        if args.cpu_pods == "extender":
+            later, extender_decisions = extender_cpu_pods(stand, cpu_pods)
+        else:
+            later = cpu_first(stand, pods, cpu_pods, held=args.cpu_pods == "held", where=where) if cpu_pods else []
         if args.start_after:  # the controller starts now: its view is its informers' first lists, in this order
             kinds = [("Pod", stand.pods), (CLAIM_KIND, stand.claims)]
             stand.view = relisted(stand.view, stand.slices, kinds if args.start_after == "pods-first" else kinds[::-1])
@@ -342,6 +390,7 @@ def main() -> None:
         "rounds": len(rounds), "round_s_mean": round(sum(secs) / len(secs), 4),
         "round_s_last50_mean": round(sum(secs[-50:]) / len(secs[-50:]), 4),
         "inputs_s_mean": round(sum(r["inputs_s"] for r in rounds) / len(rounds), 4),
+        "extender_decisions": extender_decisions,
         "writes": stand.writes, "total_s": round(time.perf_counter() - started, 1),
         "per_round": rounds if args.mode == "burst" else rounds[-3:],
     }, indent=1))
