@@ -25,7 +25,7 @@ from scoring.kubeobjects import (
 from scoring.model import ClusterState, PodDemand
 from scoring.names import InvalidName, dns1123_label, dns1123_subdomain
 from scoring.policies import Policy
-from scoring.queueplan import QueuePlan, plan_queue
+from scoring.queueplan import QueuePlan, plan_queue, replan_reason, update_plan
 
 from .binder import Binder, BindError
 from .metrics import Metrics
@@ -56,6 +56,11 @@ class QueuePlanning:
     # refresh_s, and planning at every filter then left kube-scheduler's calls to time out (a 200-node burst at load
     # average 30 bound 69 of 2,000 pods before going quiet). Planning takes at most 1 / (1 + this) of the time.
     min_gap_per_plan_second: float = 4.0
+    # Every refresh_s the plan is updated with what changed (scoring.queueplan.update_plan); it is made in full again
+    # when a pod it does not place turned overdue, when updates placed more than full_plan_share of the pods the last
+    # full plan took in, or after full_plan_max_age_s (scoring.queueplan.replan_reason).
+    full_plan_share: float = 0.5
+    full_plan_max_age_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class ExtenderService:
         self.queue_planning = queue_planning
         self.plan: QueuePlan | None = None
         self._plan_model = -1  # view.rows_version when the plan was made: its rows and its copy of the model
+        self._plan_synced = 0  # view.row_changes when the plan last took the model's changed rows
         self._plan_due = 0.0  # view.clock() after which the plan is made again
         self.scheduler_names = scheduler_names  # bind refuses pods of other schedulers
         self.binder = binder
@@ -186,27 +192,38 @@ class ExtenderService:
         return tuple(policy.devices(state, demand, node))
 
     def _queue_plan(self, state: ClusterState) -> QueuePlan | None:
-        """The joint plan of the pending GPU pods, made again when older than refresh_s or when a node's row changed
-        (the model rebuilt, a node added, removed or read anew); None while fewer than min_pods wait (each pod is then
-        placed on its own)."""
+        """The joint plan of the pending GPU pods, updated with what changed once older than refresh_s
+        (scoring.queueplan.update_plan), made in full when first needed, when a node's row changed (the model
+        rebuilt, a node added, removed or read anew) or when scoring.queueplan.replan_reason says so; None while fewer
+        than min_pods wait (each pod is then placed on its own)."""
         qp = self.queue_planning
         waiting = self.view.waiting() if qp.min_pods > 0 else []
         if len(waiting) < max(qp.min_pods, 1):
             self.plan = None
             return None
         now = self.view.clock()
-        if self.plan is None or now >= self._plan_due or self._plan_model != self.view.rows_version:
-            started = time.perf_counter()
+        if self.plan is not None and now < self._plan_due and self._plan_model == self.view.rows_version:
+            return self.plan
+        started = time.perf_counter()
+        full = self.plan is None or self._plan_model != self.view.rows_version or \
+            replan_reason(self.plan, waiting, now=now, max_wait_s=qp.max_wait_s, max_age_s=qp.full_plan_max_age_s,
+                          share=qp.full_plan_share) is not None
+        if full or self.plan is None:
             self.plan = plan_queue(state, self.view.policy_name, self.view.workload(), waiting, now=now,
                                    max_wait_s=qp.max_wait_s, window=qp.window,
                                    rows_by_hostname=self.view.rows_by_hostname())
             self._plan_model = self.view.rows_version
-            took = time.perf_counter() - started
-            # Counted from the plan's end, so a plan slower than refresh_s is not made again at the next filter.
-            self._plan_due = self.view.clock() + max(qp.refresh_s, qp.min_gap_per_plan_second * took)
-            self.metrics.queue_plan.observe(took)
-            self.metrics.decision("queue-plan", "planned").inc(len(self.plan.planned))
-            self.metrics.decision("queue-plan", "left-out").inc(len(self.plan.left_out))
+        else:
+            update_plan(self.plan, state, waiting, self.view.changed_rows(self._plan_synced), now=now,
+                        max_wait_s=qp.max_wait_s, window=qp.window, rows_by_hostname=self.view.rows_by_hostname())
+        self._plan_synced = self.view.row_changes
+        took = time.perf_counter() - started
+        # Counted from the plan's end, so a plan slower than refresh_s is not made again at the next filter.
+        self._plan_due = self.view.clock() + max(qp.refresh_s, qp.min_gap_per_plan_second * took)
+        self.metrics.queue_plan.observe(took)
+        self.metrics.decision("queue-plan", "full" if full else "updated").inc()
+        self.metrics.decision("queue-plan", "planned").inc(len(self.plan.planned))
+        self.metrics.decision("queue-plan", "left-out").inc(len(self.plan.left_out))
         return self.plan
 
     def _reserve_unplanned(self, key: str, node: int, demand: PodDemand, devices: tuple[int, ...]) -> None:

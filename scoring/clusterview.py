@@ -118,6 +118,10 @@ class ClusterView:
         # Bumped when the model's rows were renumbered or one was made anew (a rebuild, a node's row changed): work
         # keyed by row (the extender's queue plan and its copy of the model) is made again.
         self.rows_version = 0
+        # Every change of a row's usage is counted, and the count stamped on the row: who keeps a copy of the model
+        # (the extender's queue plan) takes back only the rows changed since it last looked (`changed_rows`).
+        self.row_changes = 0
+        self._row_stamps = np.zeros(0, dtype=np.int64)
 
     # ---- informer events -------------------------------------------------------------------------------------------
     def on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -301,6 +305,12 @@ class ClusterView:
                 out[host] = row
         return out
 
+    def changed_rows(self, since: int) -> np.ndarray:
+        """Rows of the model whose usage changed after `row_changes` was `since` (pods placed, removed, assumed, DRA
+        holds); valid while `rows_version` stays the same (rows renumbered or made anew are not listed)."""
+        n = len(self.state) if self.state is not None else 0
+        return np.flatnonzero(self._row_stamps[:n] > since)
+
     def waiting(self) -> list[QueuedPod]:
         """The queue without the pods this extender holds GPUs for already (assumed, the binding not yet seen)."""
         return [p for k, p in self.queue.items() if k not in self.placements]
@@ -450,6 +460,12 @@ class ClusterView:
 
     def _observe(self, policy: Policy, node: int) -> None:
         """The policy's tables follow a node whose usage changed (not while a rebuild re-places everything)."""
+        self.row_changes += 1
+        if node >= len(self._row_stamps):
+            grown = np.zeros(max(node + 1, len(self.state) if self.state is not None else 0), dtype=np.int64)
+            grown[:len(self._row_stamps)] = self._row_stamps
+            self._row_stamps = grown
+        self._row_stamps[node] = self.row_changes
         if not self._rebuilding:
             policy.observe(node)
 

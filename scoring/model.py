@@ -462,6 +462,15 @@ class ClusterState:
         self._set_layouts(row, spec)
         self.version += 1
 
+    def copy_row(self, other: ClusterState, row: int) -> None:
+        """Make row `row` what it is in `other`, a state of the same nodes in the same rows (this state's copy went
+        its own way): a plan made on a copy takes back the rows the live model changed since (scoring.queueplan)."""
+        for key in self.ROW_ARRAYS:
+            getattr(self, key)[row] = getattr(other, key)[row]
+        self.mig_instances[row] = {gi: list(insts) for gi, insts in other.mig_instances[row].items()}
+        self.pods_on[row] = list(other.pods_on[row])
+        self.version += 1
+
     def copy(self) -> ClusterState:
         """An independent snapshot (what-if simulation forks the state, then throws it away)."""
         other = object.__new__(ClusterState)
