@@ -103,6 +103,7 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
         stages += ["cpu_prioritize_gpu_pod", "cpu_prioritize_cpu_pod"]
     cpu = dict.fromkeys(stages, 0.0)
     calls = 0
+    reply_bytes = {"filter": 0, "prioritize": 0}  # what kube-scheduler decodes
     placed: list[Any] = []
     for i, (cpu_only, pod) in enumerate(pending):
         clock.t = i / pace if pace > 0 else 0.0
@@ -123,6 +124,7 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
                                                                           "Nodes": None})))
             reply = orjson.dumps(dict(svc.filter(args)))
             c1 = time.process_time()
+            reply_bytes["filter"] += len(reply)
             calls += 1
             feasible = orjson.loads(reply)["NodeNames"]
             if not feasible:
@@ -133,6 +135,7 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
             scored = svc.prioritize(ExtenderArgs.model_validate(orjson.loads(body)))
             reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
             c3 = time.process_time()
+            reply_bytes["prioritize"] += len(reply)
             calls += 1
             if scheme == "cpu_pods_entry":  # the CPU-pod entry is called beside the GPU entry's prioritize
                 empty = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
@@ -174,6 +177,8 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
                                        or 0.0, 3),
            "queue_plans": int(sample("gpuaas_extender_queue_plan_seconds_count") or 0), "queue_plans_by_kind": plans,
            "pace_pods_per_second": pace,
+           "reply_bytes_per_gpu_pod": {k: round(v / max(1, sum(not c for c, _ in pending)))
+                                       for k, v in reply_bytes.items()},
            "placements_digest": hashlib.sha1(repr(placed).encode()).hexdigest()[:12],
            "bound": sum(p is not None for p in placed)}
     if cpu_only_share > 0:

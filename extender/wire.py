@@ -6,7 +6,7 @@ here and turned into the scoring model by `scoring`'s parser, the one place that
 """
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -92,7 +92,16 @@ class HostPriorityEncoder:
     object per entry). Node sets with very uneven name lengths would pad every record to the longest: past
     MAX_RECORD_BYTES the entries are joined one by one instead. A node added or removed (the model's rows after it
     renumbered, scoring.clusterview) moves the records of the names known to their new rows and encodes only the new
-    names: the records are those a new encoder would make for the new node set."""
+    names: the records are those a new encoder would make for the new node set.
+
+    Entries scoring 0 are left out when another scores above 0. kube-scheduler decodes every entry, builds a score
+    entry per host and adds score x weight x 10 to that host's total (prioritizeNodes, pkg/scheduler/schedule_one.go,
+    v1.36.3); a host missing from the list gets nothing added, the same total as a 0. What differs is its tie-breaker:
+    kube-scheduler draws a random one only for hosts an extender listed (kubernetes/kubernetes#141024), so a host left
+    out loses a tie of totals against a listed one and ties among hosts left out go by position. That touches a
+    decision only when a host gpuaas scored 0 reaches the top total, more than 10 x weight points above gpuaas's pick
+    (500 at the shipped weight 5) on kube-scheduler's own scores alone; when every score is 0 (nothing fits, or
+    nothing is preferred) every entry is sent, so that kube-scheduler's random tie-break stays."""
 
     MAX_RECORD_BYTES = 160
     _SUFFIX = np.array([f"{s}}}".encode() for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object)
@@ -146,6 +155,12 @@ class HostPriorityEncoder:
             raise ValueError(f"scores must be within 0..{MAX_EXTENDER_PRIORITY}")
         if not len(scores):
             return b"[]"
+        listed = scores > 0
+        if listed.any() and not listed.all():  # (see the class docstring)
+            keep = np.flatnonzero(listed)
+            if (rows < 0).any():
+                names = list(compress(names, listed.tolist()))
+            rows, scores = rows[keep], scores[keep]
         unknown = rows < 0
         if self._records is not None and not unknown.any():
             records: np.ndarray = self._records[rows, scores]

@@ -15,8 +15,21 @@ def test_host_priority_list_for_known_and_unknown_names():
     model = ["a100-0000", "a100-0001", "h100-0000"]
     names = ["h100-0000", 'odd "name"\\', "a100-0000"]  # an unknown name that needs JSON escaping
     rows = np.array([2, -1, 0])
-    body = HostPriorityEncoder().encode(names, rows, np.array([10, 0, 7]), model)
-    assert decoded(body) == [("h100-0000", 10), ('odd "name"\\', 0), ("a100-0000", 7)]
+    body = HostPriorityEncoder().encode(names, rows, np.array([10, 2, 7]), model)
+    assert decoded(body) == [("h100-0000", 10), ('odd "name"\\', 2), ("a100-0000", 7)]
+
+
+def test_scores_of_0_are_left_out_unless_every_score_is_0():
+    """kube-scheduler adds nothing for a host the list leaves out, as for a 0, and decodes every entry it gets; when
+    every score is 0 each is sent, so that its random tie-break among them stays (see HostPriorityEncoder)."""
+    model = ["a", "b", "c", "d"]
+    names = ["d", "odd", "b", "a", "c"]
+    rows = np.array([3, -1, 1, 0, 2])
+    enc = HostPriorityEncoder()
+    assert decoded(enc.encode(names, rows, np.array([0, 0, 4, 0, 10]), model)) == [("b", 4), ("c", 10)]
+    assert decoded(enc.encode(names, rows, np.array([0, 3, 0, 0, 10]), model)) == [("odd", 3), ("c", 10)]
+    assert decoded(enc.encode(names, rows, np.zeros(5, dtype=np.int64), model)) == [(n, 0) for n in names]
+    assert decoded(enc.encode(names, rows, np.full(5, 9), model)) == [(n, 9) for n in names]
 
 
 def test_a_new_node_set_is_encoded_anew():
@@ -43,7 +56,7 @@ def test_fixed_width_records_and_the_joined_fallback_give_the_same_list():
     joined.MAX_RECORD_BYTES = 10  # every record longer: entries joined one by one
     plain = joined.encode(names, rows, scores, model)
     assert joined._records is None and b"  " not in plain
-    assert decoded(body) == decoded(plain) == list(zip(names, scores.tolist(), strict=True))
+    assert decoded(body) == decoded(plain) == [(n, s) for n, s in zip(names, scores.tolist(), strict=True) if s]
 
 
 @pytest.mark.parametrize("change", ["added", "removed", "added-longest", "removed-longest", "renamed-all"])
@@ -75,4 +88,4 @@ def test_a_node_added_or_removed_moves_the_records_and_encodes_only_new_names(ch
     assert enc._records is not None and fresh._records is not None
     assert enc._records.dtype == fresh._records.dtype and np.array_equal(enc._records, fresh._records)
     assert np.array_equal(enc._heads, fresh._heads) and np.array_equal(enc._head_len, fresh._head_len)
-    assert decoded(body) == list(zip(after, scores.tolist(), strict=True))
+    assert decoded(body) == [(n, s) for n, s in zip(after, scores.tolist(), strict=True) if s]
