@@ -58,10 +58,12 @@ class ExtenderConfig(BaseModel):
     queue_planning_min_pods: int = Field(default=16, ge=0, description="plan the pending GPU pods jointly "
                                          "(scoring/queueplan.py) while at least this many wait, and steer each to "
                                          "its planned node; below it, or 0, every pod is placed on its own")
-    queue_plan_refresh_seconds: float = Field(default=2.0, gt=0, description="a joint plan is made again after "
-                                              "this long (pods bound, arrived or gone meanwhile)")
+    queue_plan_refresh_seconds: float = Field(default=2.0, gt=0, description="the joint plan is updated after "
+                                              "this long with the pods bound, arrived or gone meanwhile (made again "
+                                              "in full when one it leaves out turned overdue, when updates placed "
+                                              "half as many pods as it took in, or every 30 s)")
     queue_max_wait_seconds: float = Field(default=120.0, gt=0, description="a pod left out of joint plans this long "
-                                          "goes first in the next one")
+                                          "goes first in the next one, made in full at once")
     queue_plan_window: int = Field(default=64, ge=0, description="a joint plan reorders pods (largest first) only "
                                    "within windows of this many arrivals, so that arrival order holds between "
                                    "windows and small pods are not all passed over in a burst; 0: the whole queue")
