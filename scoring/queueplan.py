@@ -159,16 +159,17 @@ def update_plan(plan: QueuePlan, state: ClusterState, queue: Sequence[QueuedPod]
                 rows_by_hostname: Mapping[str, int] | None = None) -> int:
     """Bring a plan made on an earlier `state` (the same nodes, in the same rows) up to date with `queue`, the pods
     waiting now, in time proportional to what changed: `changed_rows` are the rows of `state` changed since the plan
-    last saw it. Planned pods no longer waiting (bound, being bound, deleted) leave the plan; every row they or
-    `state` changed is taken back from `state` with the pods still planned there put on it again, in plan order;
-    those that no longer fit there, the arrivals and the pods left out before are placed anew. Afterwards `reserved`
-    is `state` with every planned pod placed, as after plan_queue. Returns how many pods it placed or tried to."""
+    last saw it. Planned pods no longer waiting (bound, being bound, deleted, or queued again as another pod: then
+    placed anew) leave the plan; every row they or `state` changed is taken back from `state` with the pods still
+    planned there put on it again, in plan order; those that no longer fit there, the arrivals and the pods left out
+    before are placed anew. Afterwards `reserved` is `state` with every planned pod placed, as after plan_queue.
+    Returns how many pods it placed or tried to."""
     reserved, placer = plan.reserved, plan.placer
     if reserved is None or placer is None:
         raise ValueError("update_plan needs a plan made by plan_queue")
     waiting = {p.key: p for p in queue}
     dirty = {int(r) for r in changed_rows}
-    for key in [k for k in plan.planned if k not in waiting]:
+    for key in [k for k, p in plan.pods.items() if waiting.get(k) != p]:  # gone, or queued anew as another pod
         dirty.add(plan._unassign(key).node)
     before = [waiting[k] for k in plan.left_out if k in waiting]
     seen = plan.planned.keys() | set(plan.left_out)

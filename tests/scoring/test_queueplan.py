@@ -281,3 +281,17 @@ def test_when_a_plan_is_made_in_full_again():
     # One already overdue when the plan was made went first in it; updates try it again, first.
     older = QueuedPod("ns/older", gpus("older", 1), -70.0)
     assert replan_reason(plan, queue + [older], now=6.0, max_wait_s=60.0, max_age_s=30.0, share=0.5) is None
+
+
+def test_a_pod_queued_again_as_another_pod_is_placed_anew():
+    """A planned pod deleted and created again under the same name, asking for more, between two updates: the plan
+    holds what the new one asks, not what the old one did."""
+    live = Live(random.Random(2))
+    for _ in range(5):
+        live.arrive()
+    plan = plan_queue(live.state, "gpuaas", WORKLOAD, list(live.queue.values()), now=0.0, max_wait_s=1e9)
+    key = next(iter(plan.planned))
+    live.queue[key] = QueuedPod(key, gpus(key, 8), 1.0)
+    assert update_plan(plan, live.state, list(live.queue.values()), [], now=1.0, max_wait_s=1e9) == 1
+    assert plan.pods[key].demand.gpus == 8 and len(plan.planned[key].devices) == 8
+    assert_consistent(plan, live)
