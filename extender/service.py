@@ -245,7 +245,8 @@ class ExtenderService:
         """The CPU-pod entry's filter (extender.schedconfig.cpu_pods_entry): every candidate passes (kube-scheduler's
         own filters judged the fit), except that while the pending GPU pods are planned jointly, a pod asking for no
         GPU is held off the nodes where it would take the room planned for them, a burst's gated DRA pods among them
-        (in the gang controller's order, scoring.queueplan). Where it fits beside the plan on no candidate, it waits
+        (in the gang controller's order, scoring.queueplan); not a pod with DRA claims, which the gang controller
+        places. Where it fits beside the plan on no candidate, it waits
         (every node failed, resolvable: kube-scheduler tries it again as pods bind), until it has waited
         queue_max_wait_seconds since its creation; from then on it is not held. A GPU pod, which that entry cannot
         leave out, passes at once: the GPU entry filters it."""
@@ -255,7 +256,10 @@ class ExtenderService:
         feasible_names = names
         if demand.gpus:
             self.metrics.decision("filter", "gpu-pod-skipped").inc()
-        elif names and self.wall_clock() - self._created(args.Pod) < self.queue_planning.max_wait_s:
+        elif names and not args.Pod["spec"].get("resourceClaims") and \
+                self.wall_clock() - self._created(args.Pod) < self.queue_planning.max_wait_s:
+            # (A pod with claims reads as CPU and memory only: it is the gang controller's, pinned where its claims
+            # are allocated, and the plan's room is its own.)
             state, _ = self.view.snapshot()
             plan = self._queue_plan(state)
             if plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
