@@ -108,7 +108,7 @@ class ClusterView:
         self.dra = DraView()
         # pods with claims held by gpuaas's gate alone -> first seen so, and where the gang controller takes them
         self._gated_claims: dict[str, tuple[float, tuple[int, float, str]]] = {}
-        self._claim_allocated: set[str] = set()  # pods whose generated claim is allocated
+        self._claim_allocated: dict[str, str | None] = {}  # pods whose generated claim is allocated -> its node
         self._claims_before_pod: dict[str, Obj] = {}  # pod key -> its claim, seen before the pod was
         self._held: dict[str, list[Hold]] = {}  # claim key -> the holds placed in `state`
         self._rebuilding = False  # re-placing everything: the policy's node tables are made once, at the end
@@ -243,22 +243,27 @@ class ClusterView:
     def _track_queue(self, key: str, pod: Obj | None) -> None:
         """Keep `queue`: GPU pods without a node that are neither finished nor being deleted, nor held out of
         scheduling by a gate (a gang's members until the gang controller releases them: planning them here would
-        promise their room to no one), with the node a hostname nodeSelector pins them to (scoring.queueplan)."""
+        promise their room to no one), with the node a hostname nodeSelector pins them to (scoring.queueplan). Also a
+        pod with DRA claims released onto its node and not bound yet: it reads as CPU and memory only (its claims hold
+        its GPUs), and the plan keeps that room for it on its node, where kube-scheduler does not count it yet (a
+        pod held off the plan's room, tried again meanwhile, took it: 8 released pods of a 50-node burst never
+        bound). Such a pod is queued so from the moment its claim is allocated (_queue_gated_claims)."""
         spec = (pod or {}).get("spec") or {}
         if (pod is None or spec.get("nodeName") or spec.get("schedulingGates")
                 or (pod.get("metadata") or {}).get("deletionTimestamp")
                 or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
             self.queue.pop(key, None)
             return
-        if key in self.queue:
+        queued = self.queue.get(key)
+        if queued is not None and queued.release_order is None:  # (a gated pod's entry: it has just been released)
             return
         try:
             demand = self.demand(pod)
         except (ObjectError, UnknownGpuModelError, ValueError):
             return
-        if demand.gpus:
-            self.queue[key] = QueuedPod(key, demand, self.clock(),
-                                        (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL))
+        pinned = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+        if demand.gpus or (pinned and spec.get("resourceClaims")):
+            self.queue[key] = QueuedPod(key, demand, self.clock(), pinned)
 
     def _learn_claim(self, claim: Obj) -> None:
         shape = self.dra.pod_shape(claim, self.recent)
@@ -279,20 +284,33 @@ class ClusterView:
         elif not held and key in self._gated_claims:
             del self._gated_claims[key]
         if pod is None:
-            self._claim_allocated.discard(key)
+            self._claim_allocated.pop(key, None)
         self._queue_gated_claims(key)
 
     def _queue_gated_claims(self, key: str) -> None:
         """A pod held for the gang controller is in `queue` as the GPUs its claim asks (learned from the claim) while
         the claim is not allocated: demand the joint plan keeps room for, so that what is ranked meanwhile (a burst's
-        CPU-only pods, through the CPU-pods entry) keeps off it. Once allocated, the claim holds its GPUs itself."""
+        CPU-only pods, through the CPU-pods entry) keeps off it. Once allocated, the claim holds its GPUs itself, and
+        the pod is queued as its CPU and memory pinned to the claim's node, until it binds."""
         shape = self.recent.get(key)
-        want = key in self._gated_claims and key not in self._claim_allocated and shape is not None and \
-            bool(shape.gpus) and shape.claims
-        if want and key not in self.queue and shape is not None:
+        entry = None
+        if key in self._gated_claims and shape is not None:
             since, order = self._gated_claims[key]
-            self.queue[key] = QueuedPod(key, shape, since, release_order=order)
-        elif not want and key in self.queue and self.queue[key].demand.claims:
+            if key not in self._claim_allocated:
+                if shape.gpus and shape.claims:
+                    entry = QueuedPod(key, shape, since, release_order=order)
+            else:  # allocated, not released yet: the claim holds the GPUs; the pod's CPU and memory wait for it on
+                # the claim's node until it binds (kept once it is released: _track_queue)
+                node = self._claim_allocated[key] or ""
+                host = (((self.nodes.get(node) or {}).get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)
+                if host:
+                    entry = QueuedPod(key, PodDemand(cpu_milli=shape.cpu_milli, memory_mib=shape.memory_mib,
+                                                     name=shape.name), since, host)
+        current = self.queue.get(key)
+        if entry is not None:
+            if current is None or (current.pinned, current.release_order) != (entry.pinned, entry.release_order):
+                self.queue[key] = entry
+        elif current is not None and (key in self._gated_claims or current.demand.claims):
             del self.queue[key]
 
     def rows_by_hostname(self) -> dict[str, int]:
@@ -489,9 +507,9 @@ class ClusterView:
             self._claims_before_pod.pop(owner, None)
         if owner is not None:
             if new is not None and (new.get("status") or {}).get("allocation"):
-                self._claim_allocated.add(owner)
+                self._claim_allocated[owner] = after[0].node if after else None
             else:
-                self._claim_allocated.discard(owner)
+                self._claim_allocated.pop(owner, None)
             self._queue_gated_claims(owner)
         if before == after:
             return

@@ -155,7 +155,8 @@ def gated_pod_with_two_gpu_claim() -> tuple[dict, dict]:
 def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated():
     """A pod gated by gpuaas for its claims waits for the gang controller; the extender's joint plan keeps room for
     it (what is ranked meanwhile, a burst's CPU-only pods, keeps off it): it is in the queue with the GPUs its claim
-    asks, and leaves it when its claim is allocated (the claim holds the GPUs then), when it is released, or goes."""
+    asks; when its claim is allocated (the claim holds the GPUs then) with its CPU and memory pinned to the claim's
+    node; it leaves when it is released without a pin, or goes."""
     nodes, slices = cluster_objects(WHOLE)
     view = view_of(nodes, slices, [], ("Node", "ResourceSlice"))
     pod, claim = gated_pod_with_two_gpu_claim()
@@ -172,7 +173,9 @@ def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated()
     held = allocated("p-gpu", "dra-0000", "gpu-0", "gpu-1")
     held["metadata"] = {**held["metadata"], "ownerReferences": claim["metadata"]["ownerReferences"]}
     view.on_change("ResourceClaim", claim, held)
-    assert "ml/p" not in view.queue  # allocated: its claim holds the two GPUs
+    pinned = view.queue["ml/p"]  # allocated: its claim holds the two GPUs, the pod waits with its CPU on that node
+    assert (pinned.demand.gpus, pinned.demand.cpu_milli, pinned.pinned, pinned.release_order) == (0, 4000, "dra-0000",
+                                                                                                  None)
     view.on_change("ResourceClaim", held, claim)
     assert "ml/p" in view.queue
     released = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
