@@ -184,6 +184,8 @@ def bind_cpu_pod(stand: Stand, i: int, demand: Any, reserved: ClusterState | Non
     state, _ = stand.view.snapshot()
     state = state.copy()
     if where is not None:
+        if name not in where:  # not bound in that replay's run: after the rounds here
+            return False
         node = where[name]
     else:
         ok = feasible(state, demand) & (feasible(reserved, demand) if reserved is not None else True)

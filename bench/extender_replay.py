@@ -684,10 +684,14 @@ def code_version(*, with_gangs: bool = False) -> dict[str, Any]:
 
 
 def extender_decisions(url: str) -> dict[str, float]:
+    """The extender's decision counters, and its requests by verb (`requests verb="..."`)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        return {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
-                for line in resp.read().decode().splitlines()
-                if line.startswith("gpuaas_extender_decisions_total{")}
+        lines = resp.read().decode().splitlines()
+    out = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+           if line.startswith("gpuaas_extender_decisions_total{")}
+    out.update({"requests " + line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+                if line.startswith("gpuaas_extender_request_duration_seconds_count{")})
+    return out
 
 
 def run_cluster(args: argparse.Namespace, spec: Any, pods: list[PodDemand], capacity: int) -> dict[str, Any]:
