@@ -246,8 +246,9 @@ class ExtenderService:
         own filters judged the fit), except that while the pending GPU pods are planned jointly, a pod asking for no
         GPU is held off the nodes where it would take the room planned for them, a burst's gated DRA pods among them
         (in the gang controller's order, scoring.queueplan); not a pod with DRA claims, which the gang controller
-        places. Where it fits beside the plan on no candidate, it waits
-        (every node failed, resolvable: kube-scheduler tries it again as pods bind), until it has waited
+        places. It waits (every node failed, resolvable: kube-scheduler tries it again as pods bind) where it fits
+        beside the plan on no candidate, and while the plan places pods held for their DRA claims that arrived before
+        it (verdicts.first_release: the gang controller places them in its next round), until it has waited
         queue_max_wait_seconds since its creation; from then on it is not held. A GPU pod, which that entry cannot
         leave out, passes at once: the GPU entry filters it."""
         demand = self._demand(args.Pod)
@@ -262,7 +263,11 @@ class ExtenderService:
             # are allocated, and the plan's room is its own.)
             state, _ = self.view.snapshot()
             plan = self._queue_plan(state)
-            if plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
+            first = verdicts.first_release(plan) if plan is not None else None
+            if first is not None and first <= self._created(args.Pod):
+                feasible_names, failed = [], dict.fromkeys(names, verdicts.HELD_FOR_EARLIER_GPU_PODS)
+                self.metrics.decision("filter", "held-for-earlier-gpu-pods").inc(len(names))
+            elif plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
                 verdict = verdicts.FilterVerdict(list(names), feasible_rows=verdicts.node_indices(state, names))
                 held = verdicts.hold_for_plan(verdict, plan.reserved, demand, reason=verdicts.HELD_BESIDE_PLAN)
                 if held:

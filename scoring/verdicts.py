@@ -15,6 +15,7 @@ import numpy as np
 from scoring.fit import feasible, free_on, misfit_reasons, present
 from scoring.model import ClusterState, PodDemand
 from scoring.policies import MAX_EXTENDER_PRIORITY, Policy, normalize, select_node
+from scoring.queueplan import QueuePlan
 
 UNKNOWN_NODE = "node not (yet) in gpuaas's cache; it will be considered once the node watch delivers it"
 
@@ -119,6 +120,23 @@ HELD_BESIDE_PLAN = ("held for the GPU pods gpuaas planned here: the CPU and memo
                     "no room (while pending GPU pods are placed jointly, a pod asking for no GPU goes where it fits "
                     "beside them, and where it fits nowhere beside them it waits until they are placed, at most "
                     "queue_max_wait_seconds after its creation)")
+
+
+HELD_FOR_EARLIER_GPU_PODS = ("held for the GPU pods that arrived before this one: gpuaas's gang controller places them "
+                             "first (a pod asking for no GPU waits for the pods held for their DRA claims that "
+                             "arrived before it, at most queue_max_wait_seconds after its creation)")
+
+
+def first_release(plan: QueuePlan) -> float | None:
+    """The earliest arrival (creation, epoch seconds) among the pods the plan places that the gang controller releases
+    (QueuedPod.release_order), None when it places none. A pod asking for no GPU that arrived after it waits for the
+    controller to place them, as one-at-a-time placement in arrival order would have placed them before it: placed
+    beside the plan instead, the 50-node DRA burst's CPU-only pods still cost the GPU pods 1-2 points."""
+    first = None
+    for pod in plan.pods.values():
+        if pod.release_order is not None and (first is None or pod.release_order[1] < first):
+            first = pod.release_order[1]
+    return first
 
 
 def hold_for_plan(verdict: FilterVerdict, reserved: ClusterState, pod: PodDemand, *,
