@@ -18,7 +18,7 @@ from extender.service import BadRequest, ExtenderService, QueuePlanning
 from extender.wire import ExtenderArgs
 from runtime.pools import parse_pool_spec, spec_node_objects
 from scoring.clusterview import ClusterView
-from scoring.verdicts import HELD_BESIDE_PLAN
+from scoring.verdicts import HELD_BESIDE_PLAN, HELD_FOR_EARLIER_GPU_PODS
 from tests.conftest import Clock
 
 from .fixtures import names, nodes, pending
@@ -143,3 +143,39 @@ def test_a_released_dra_pod_keeps_its_room_until_it_binds():
     svc.view.on_change("Pod", dra, {**dra, "spec": {**dra["spec"], "nodeName": "a-0000"},
                                     "status": {"phase": "Running"}})
     assert "ml/dra" not in svc.view.queue and filtered(svc, etl) == (NAMES, {})
+
+
+def test_a_pod_waits_for_the_dra_pods_that_arrived_before_it():
+    """A pod gpuaas holds for its claim (two GPUs) was created at 08:00:00: the gang controller places it in its next
+    round. A pod asking for no GPU created after it waits for that round (every node failed with the reason), as
+    placing pods in arrival order would have placed the GPU pod first; one created before it is only kept beside the
+    plan; once the later pod has waited MAX_WAIT it is not held."""
+    from tests.scoring.test_dramodel import WHOLE, cluster_objects
+    from tests.scoring.test_draview import gated_pod_with_two_gpu_claim
+
+    nodes_, slices = cluster_objects(WHOLE)
+    view = ClusterView("gpuaas", clock=Clock())
+    for n in nodes_.values():
+        view.on_change("Node", None, n)
+    for s in slices:
+        view.on_change("ResourceSlice", None, s)
+    pod, claim = gated_pod_with_two_gpu_claim()
+    pod["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
+    view.on_change("Pod", None, pod)
+    view.on_change("ResourceClaim", None, claim)
+
+    async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    wall = Clock(CREATED + 10)
+    svc = ExtenderService(view, RecordingBinder(), Metrics(), lookup, wall_clock=wall,
+                          queue_planning=QueuePlanning(min_pods=1, refresh_s=1000.0, max_wait_s=MAX_WAIT))
+    dra_nodes = sorted(nodes_)
+    later, earlier = pending("later", cpu="2"), pending("earlier", cpu="2")
+    later["metadata"]["creationTimestamp"] = "2027-01-15T08:00:01Z"
+    earlier["metadata"]["creationTimestamp"] = "2027-01-15T07:59:59Z"
+    held = svc.filter_cpu_pods(ExtenderArgs(Pod=later, NodeNames=dra_nodes))
+    assert held.NodeNames == [] and held.FailedNodes == dict.fromkeys(dra_nodes, HELD_FOR_EARLIER_GPU_PODS)
+    assert svc.filter_cpu_pods(ExtenderArgs(Pod=earlier, NodeNames=dra_nodes)).NodeNames == dra_nodes
+    wall.t = CREATED + 1 + MAX_WAIT
+    assert svc.filter_cpu_pods(ExtenderArgs(Pod=later, NodeNames=dra_nodes)).NodeNames == dra_nodes
