@@ -262,6 +262,11 @@ class ExtenderService:
             # (A pod with claims reads as CPU and memory only: it is the gang controller's, pinned where its claims
             # are allocated, and the plan's room is its own.)
             state, _ = self.view.snapshot()
+            if self.plan is not None and any(q.pinned is not None and k not in self.plan.planned
+                                             for k, q in self.view.queue.items()):
+                # A pod pinned since the plan was made (a DRA pod released onto its node, not bound yet): the plan
+                # takes it in now, not refresh_s later, or this pod could take its room meanwhile.
+                self._plan_due = 0.0
             plan = self._queue_plan(state)
             first = verdicts.first_release(plan) if plan is not None else None
             if first is not None and first <= self._created(args.Pod):

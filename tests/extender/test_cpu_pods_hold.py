@@ -179,3 +179,17 @@ def test_a_pod_waits_for_the_dra_pods_that_arrived_before_it():
     assert svc.filter_cpu_pods(ExtenderArgs(Pod=earlier, NodeNames=dra_nodes)).NodeNames == dra_nodes
     wall.t = CREATED + 1 + MAX_WAIT
     assert svc.filter_cpu_pods(ExtenderArgs(Pod=later, NodeNames=dra_nodes)).NodeNames == dra_nodes
+
+
+def test_a_dra_pod_released_after_the_plan_was_made_is_planned_at_once():
+    """The plan is made (refresh_s 1000) while a GPU pod waits; then a DRA pod is released onto a-0000 with 24 cores.
+    The next pod asking for no GPU finds it in the plan, not refresh_s later: it is held off a-0000."""
+    pods = {"ml/train": created(pending("train", gpus=1, cpu="1"))}
+    svc = service(pods, Clock(CREATED + 1))
+    etl = created(pending("etl", cpu="16"))
+    assert filtered(svc, etl) == (NAMES, {})
+    dra = created(pending("dra", cpu="24"))
+    dra["spec"].update(resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                       nodeSelector={"kubernetes.io/hostname": "a-0000"})
+    svc.view.on_change("Pod", None, dra)
+    assert filtered(svc, etl) == (["a-0001"], {"a-0000": HELD_BESIDE_PLAN})
