@@ -47,7 +47,8 @@ def fleet(nodes: int) -> list[dict[str, Any]]:
          "memory": "1Ti"}]}))
 
 
-SCHEMES = ("gpu_entry_only", "cpu_pods_entry", "all_pods")
+# cpu_pods_entry_prioritize_only: the CPU-pods entry as it was before it had a filter (issue 16), for comparison.
+SCHEMES = ("gpu_entry_only", "cpu_pods_entry_prioritize_only", "cpu_pods_entry", "all_pods")
 
 
 def make_pods(pods: int, seed: int, cpu_only_share: float) -> list[tuple[bool, dict[str, Any]]]:
@@ -59,6 +60,8 @@ def make_pods(pods: int, seed: int, cpu_only_share: float) -> list[tuple[bool, d
         pod = (gpu_pod(f"p{i:05d}", "tput", gpus=0, cpu="4", memory="1Gi") if cpu_only else
                gpu_pod(f"p{i:05d}", "tput", gpus=rng.choice((1, 1, 2, 4)), cpu="1", memory="1Gi"))
         pod["metadata"]["uid"] = f"uid-{i}"
+        if cpu_only:  # created now: the CPU-pods filter holds a pod only queue_max_wait_seconds after its creation
+            pod["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         pod["status"] = {"phase": "Pending"}
         out.append((cpu_only, pod))
     return out
@@ -78,8 +81,9 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
               cpu_only_share: float = 0.0, pace: float = 0.0) -> dict[str, Any]:
     """`scheme`, for pods that ask for no GPU (docs/extender.md, "Pods that ask for no GPU"): gpu_entry_only (they
     never reach the extender; kube-scheduler puts them on the nodes in turn here), cpu_pods_entry (they get the CPU-pod
-    entry's prioritize, and every GPU pod its empty answer too) or all_pods (filter, prioritize and bind, as GPU
-    pods). Calls per pod are the HTTP requests kube-scheduler would make to the extender."""
+    entry's filter and prioritize, and every GPU pod its filter's every-node answer and empty ranking too),
+    cpu_pods_entry_prioritize_only (that entry before it had a filter) or all_pods (filter, prioritize and bind, as
+    GPU pods). Calls per pod are the HTTP requests kube-scheduler would make to the extender."""
     node_objs = fleet(nodes)
     names = [n["metadata"]["name"] for n in node_objs]
     pending = make_pods(pods, seed, cpu_only_share)
@@ -99,8 +103,12 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
     svc.pod_lookup, svc.binder = lookup, AcceptingBinder()
     view.snapshot()
     stages = ["filter", "prioritize", "bind", "watch_events"]
-    if scheme == "cpu_pods_entry":
+    cpu_entry = scheme.startswith("cpu_pods_entry")
+    cpu_filter = scheme == "cpu_pods_entry"
+    if cpu_entry:
         stages += ["cpu_prioritize_gpu_pod", "cpu_prioritize_cpu_pod"]
+    if cpu_filter:
+        stages += ["cpu_filter_gpu_pod", "cpu_filter_cpu_pod"]
     cpu = dict.fromkeys(stages, 0.0)
     calls = 0
     reply_bytes = {"filter": 0, "prioritize": 0}  # what kube-scheduler decodes
@@ -110,9 +118,20 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
         spent = dict.fromkeys(stages, 0.0)
         if cpu_only and scheme != "all_pods":
             best = names[i % len(names)]
-            if scheme == "cpu_pods_entry":
+            if cpu_entry:
+                candidates = names
+                if cpu_filter:  # kube-scheduler calls the entry's filter first, then ranks what passed
+                    c0 = time.process_time()
+                    body = orjson.dumps({"Pod": pod, "NodeNames": names, "Nodes": None})
+                    reply = orjson.dumps(dict(svc.filter_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))))
+                    candidates = orjson.loads(reply)["NodeNames"]
+                    spent["cpu_filter_cpu_pod"] = time.process_time() - c0
+                    calls += 1
+                    if not candidates:  # held on every node: kube-scheduler would try it again later
+                        placed.append(None)
+                        continue
                 c0 = time.process_time()
-                body = orjson.dumps({"Pod": pod, "NodeNames": names, "Nodes": None})
+                body = orjson.dumps({"Pod": pod, "NodeNames": candidates, "Nodes": None})
                 scored = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
                 reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
                 spent["cpu_prioritize_cpu_pod"] = time.process_time() - c0
@@ -137,10 +156,17 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
             c3 = time.process_time()
             reply_bytes["prioritize"] += len(reply)
             calls += 1
-            if scheme == "cpu_pods_entry":  # the CPU-pod entry is called beside the GPU entry's prioritize
+            if cpu_filter:  # and the CPU-pod entry's filter beside the GPU entry's
+                cf = time.process_time()
+                passed = orjson.loads(orjson.dumps(dict(svc.filter_cpu_pods(args))))["NodeNames"]
+                assert passed == names
+                spent["cpu_filter_gpu_pod"] = time.process_time() - cf
+                calls += 1
+            if cpu_entry:  # the CPU-pod entry is called beside the GPU entry's prioritize
+                cp = time.process_time()
                 empty = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
                 assert not empty.names
-                spent["cpu_prioritize_gpu_pod"] = time.process_time() - c3
+                spent["cpu_prioritize_gpu_pod"] = time.process_time() - cp
                 calls += 1
             best = max(orjson.loads(reply), key=lambda e: e["Score"])["Host"]
             body = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": "tput",

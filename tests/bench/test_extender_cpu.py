@@ -22,7 +22,9 @@ def test_each_scheme_binds_every_pod_and_counts_its_calls(scheme):
     gpu = 60 - cpu_only
     assert 0 < cpu_only < 60
     assert out["bound"] == 60
-    calls = {"gpu_entry_only": 3 * gpu, "cpu_pods_entry": 60 + 3 * gpu, "all_pods": 3 * 60}[scheme]
+    # The CPU-pods entry: its filter and prioritize for every pod (prioritize only, before it had a filter).
+    calls = {"gpu_entry_only": 3 * gpu, "cpu_pods_entry_prioritize_only": 60 + 3 * gpu,
+             "cpu_pods_entry": 2 * 60 + 3 * gpu, "all_pods": 3 * 60}[scheme]
     assert out["extender_calls_per_pod"] == round(calls / 60, 3)
 
 
@@ -30,4 +32,4 @@ def test_the_cpu_pod_entry_places_cpu_only_pods_where_gpuaas_ranks_them():
     # gpu_entry_only leaves them to kube-scheduler (here: the nodes in turn); the other two rank them.
     digests = {s: asyncio.run(run(20, 60, 0, 3, s, 0.3))["placements_digest"] for s in SCHEMES}
     assert digests["cpu_pods_entry"] != digests["gpu_entry_only"]
-    assert digests["cpu_pods_entry"] == digests["all_pods"]
+    assert digests["cpu_pods_entry"] == digests["all_pods"] == digests["cpu_pods_entry_prioritize_only"]
