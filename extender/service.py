@@ -155,8 +155,9 @@ class ExtenderService:
             self.metrics.decision("prioritize", "steered" if scored.pick == state.names[planned]
                                           else "plan-stale").inc()
         elif not demand.gpus:
-            # A pod asking for no GPU (the CPU-pods entry has no filter) keeps off the room promised to the planned
-            # GPU pods, a burst's gated DRA pods among them (scoring.clusterview): the nodes beside it rank first.
+            # A pod asking for no GPU keeps off the room promised to the planned GPU pods, a burst's gated DRA pods
+            # among them (scoring.clusterview): the nodes beside it rank first (the CPU-pods entry's filter holds it
+            # off them; this ranking is what remains of that where the entry is configured without its filter).
             plan = self._queue_plan(state)
             if plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
                 kept = verdicts.keep_off_plan(scored, plan.reserved, demand)

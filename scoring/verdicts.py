@@ -176,9 +176,10 @@ def steer(state: ClusterState, scored: Priorities, pod: PodDemand, row: int) -> 
 def keep_off_plan(scored: Priorities, reserved: ClusterState, pod: PodDemand) -> Priorities:
     """Rank the nodes where the pod fits beside every planned pod (`reserved`, a copy of the model `scored` was made
     on, with the joint plan placed) above those where it would take room promised to them: the latter get 0 and the
-    former at least three, so kube-scheduler's own scores cannot undo it. For a pod the plan does not place and whose
-    entry has no filter (the CPU-pods entry): a burst's CPU-only pods keep off the CPU and memory its waiting GPU
-    pods are planned on. Unchanged when the pod fits beside the plan everywhere or nowhere."""
+    former at least three, so kube-scheduler's own scores cannot undo it. For a pod the plan does not place, asking
+    for no GPU (the CPU-pods entry, whose filter holds it there too, or a configuration of the entry without the
+    filter): a burst's CPU-only pods keep off the CPU and memory its waiting GPU pods are planned on. Unchanged when
+    the pod fits beside the plan everywhere or nowhere."""
     known = scored.rows >= 0
     fits = np.zeros(len(scored.rows), dtype=bool)
     fits[known] = feasible(reserved, pod)[scored.rows[known]]
