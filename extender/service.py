@@ -264,9 +264,10 @@ class ExtenderService:
             # are allocated, and the plan's room is its own.)
             state, _ = self.view.snapshot()
             if self.plan is not None and any(q.pinned is not None and k not in self.plan.planned
-                                             for k, q in self.view.queue.items()):
+                                             and k not in self.plan.left_out for k, q in self.view.queue.items()):
                 # A pod pinned since the plan was made (a DRA pod released onto its node, not bound yet): the plan
-                # takes it in now, not refresh_s later, or this pod could take its room meanwhile.
+                # takes it in now, not refresh_s later, or this pod could take its room meanwhile. (One the plan
+                # left out has been seen: it waits for the next update like any other.)
                 self._plan_due = 0.0
             plan = self._queue_plan(state)
             first = verdicts.first_release(plan) if plan is not None else None

@@ -193,3 +193,28 @@ def test_a_dra_pod_released_after_the_plan_was_made_is_planned_at_once():
                        nodeSelector={"kubernetes.io/hostname": "a-0000"})
     svc.view.on_change("Pod", None, dra)
     assert filtered(svc, etl) == (["a-0001"], {"a-0000": HELD_BESIDE_PLAN})
+
+
+def test_a_released_dra_pod_the_plan_leaves_out_does_not_update_it_at_every_filter(monkeypatch):
+    """A DRA pod released onto a-0000 asks more cores than a-0000 has (40 of 32): the plan leaves it out. Being
+    pinned and not planned, it brings the plan's update forward once, not at every later filter (it did at every
+    CPU-pods filter call: 382 updates in one 200-node DRA burst)."""
+    import extender.service as service_module
+
+    pods = {"ml/train": created(pending("train", gpus=1, cpu="1"))}
+    svc = service(pods, Clock(CREATED + 1))
+    etl = created(pending("etl", cpu="16"))
+    filtered(svc, etl)
+    dra = created(pending("dra", cpu="40"))
+    dra["spec"].update(resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                       nodeSelector={"kubernetes.io/hostname": "a-0000"})
+    svc.view.on_change("Pod", None, dra)
+    plans: list[str] = []
+    for made in ("plan_queue", "update_plan"):
+        real = getattr(service_module, made)
+        monkeypatch.setattr(service_module, made,
+                            lambda *a, real=real, made=made, **k: (plans.append(made), real(*a, **k))[1])
+    for _ in range(3):
+        filtered(svc, etl)
+    assert svc.plan is not None and "ml/dra" in svc.plan.left_out
+    assert len(plans) == 1
