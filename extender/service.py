@@ -115,9 +115,10 @@ class ExtenderService:
         plan = self._queue_plan(state)
         key = pod_key(args.Pod)
         # A pod the plan left out, or one it does not place (asking for no GPU: a burst's CPU-only pods, with
-        # all_pods), may not take the room promised to the planned pods.
+        # all_pods, for a bounded time as the CPU-pods entry holds them), may not take the room promised to the
+        # planned pods.
         if plan is not None and plan.reserved is not None and key not in plan.planned and \
-                (key in self.view.queue or not demand.gpus):
+                (key in self.view.queue or (not demand.gpus and self._may_hold_for_plan(args.Pod))):
             held = verdicts.hold_for_plan(verdict, plan.reserved, demand)
             self.metrics.decision("filter", "held-for-plan").inc(held)  # nodes, as feasible and failed
         if names and len(verdict.failed) == len(names) and all(m == verdicts.UNKNOWN_NODE
@@ -258,10 +259,7 @@ class ExtenderService:
         feasible_names = names
         if demand.gpus:
             self.metrics.decision("filter", "gpu-pod-skipped").inc()
-        elif names and not args.Pod["spec"].get("resourceClaims") and \
-                self.wall_clock() - self._created(args.Pod) < self.queue_planning.max_wait_s:
-            # (A pod with claims reads as CPU and memory only: it is the gang controller's, pinned where its claims
-            # are allocated, and the plan's room is its own.)
+        elif names and self._may_hold_for_plan(args.Pod):
             state, _ = self.view.snapshot()
             if self.plan is not None and any(q.pinned is not None and k not in self.plan.planned
                                              and k not in self.plan.left_out for k, q in self.view.queue.items()):
@@ -290,6 +288,13 @@ class ExtenderService:
         return ExtenderFilterResult.model_construct(
             Nodes=nodes, NodeNames=list(feasible_names) if args.NodeNames is not None else None,
             FailedNodes=failed, FailedAndUnresolvableNodes={}, Error="")
+
+    def _may_hold_for_plan(self, pod: dict[str, Any]) -> bool:
+        """Whether a pod asking for no GPU may still be held for the joint plan's room: until it has waited
+        queue_max_wait_seconds since its creation, and never with DRA claims (such a pod reads as CPU and memory
+        only: it is the gang controller's, pinned where its claims are allocated, and the plan's room is its own)."""
+        return not pod["spec"].get("resourceClaims") and \
+            self.wall_clock() - self._created(pod) < self.queue_planning.max_wait_s
 
     @staticmethod
     def _created(pod: dict[str, Any]) -> float:

@@ -161,13 +161,20 @@ def test_pods_asking_for_no_gpu_keep_off_the_room_planned_for_waiting_gpu_pods()
     """A burst: a GPU pod waits (4 GPUs and 24 of a node's 32 cores), and a pod asking for no GPU (16 cores) is ranked
     meanwhile. The plan puts the GPU pod on a-0000 (first fit), so the CPU-only pod is ranked onto a-0001, where it
     leaves the plan its room: through the CPU-pods entry (no filter: a-0000 ranked lowest) and, with all_pods, the
-    filter (a-0000 held back). Without the plan (min_pods above the queue) first fit ranks a-0000 first."""
+    filter (a-0000 held back), until it has waited max_wait since its creation, as the CPU-pods entry holds it.
+    Without the plan (min_pods above the queue) first fit ranks a-0000 first."""
     pods = {"ml/train": pending("train", gpus=4, cpu="24"), "ml/etl": pending("etl", cpu="16")}
     etl = pods["ml/etl"]
+    etl["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
+    created = 1_800_000_000.0
     alone = cluster(QueuePlanning(min_pods=5), pods, Clock())
     assert alone.prioritize_cpu_pods(ExtenderArgs(Pod=etl, NodeNames=NAMES)).pick == "a-0000"
     svc = cluster(QueuePlanning(min_pods=1, refresh_s=1000.0), pods, Clock())
     ranked = svc.prioritize_cpu_pods(ExtenderArgs(Pod=etl, NodeNames=NAMES))
     assert ranked.pick == "a-0001" and dict(ranked.pairs())["a-0000"] == 0 and dict(ranked.pairs())["a-0001"] >= 3
+    wall = Clock(created + 1)
+    svc.wall_clock = wall
     verdict = svc.filter(ExtenderArgs(Pod=etl, NodeNames=NAMES))
     assert verdict.NodeNames == ["a-0001"] and verdict.FailedNodes == {"a-0000": HELD_FOR_PLAN}
+    wall.t = created + svc.queue_planning.max_wait_s
+    assert svc.filter(ExtenderArgs(Pod=etl, NodeNames=NAMES)).NodeNames == NAMES
