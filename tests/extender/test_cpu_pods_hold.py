@@ -16,17 +16,14 @@ from extender.schedconfig import cpu_pods_entry
 from extender.server import snapshot_app
 from extender.service import BadRequest, ExtenderService, QueuePlanning
 from extender.wire import ExtenderArgs
-from runtime.pools import parse_pool_spec, spec_node_objects
 from scoring.clusterview import ClusterView
 from scoring.verdicts import HELD_BESIDE_PLAN, HELD_FOR_EARLIER_GPU_PODS
 from tests.conftest import Clock
 
 from .fixtures import names, nodes, pending
+from .test_queue_planning import NAMES, cluster
 from .test_view import RecordingBinder
 
-TWO_NODES = {"pools": [{"name": "a", "count": 2, "gpu": {"model": "A100-80GB", "count": 4}, "cpu": "32",
-                        "memory": "128Gi"}]}
-NAMES = ["a-0000", "a-0001"]
 CREATED = 1_800_000_000.0  # the pods' creationTimestamp, 2027-01-15T08:00:00Z
 MAX_WAIT = 120.0
 
@@ -37,17 +34,10 @@ def created(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def service(pods: dict[str, dict[str, Any]], wall: Clock, min_pods: int = 1) -> ExtenderService:
-    view = ClusterView("first-fit", clock=Clock())  # first fit: the plan puts the first GPU pod on a-0000
-    for n in spec_node_objects(parse_pool_spec(TWO_NODES)):
-        view.on_change("Node", None, n)
-    for p in pods.values():
-        view.on_change("Pod", None, p)
-
-    async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
-        return pods.get(f"{namespace}/{name}")
-
-    return ExtenderService(view, RecordingBinder(), Metrics(), lookup, wall_clock=wall,
-                           queue_planning=QueuePlanning(min_pods=min_pods, refresh_s=1000.0, max_wait_s=MAX_WAIT))
+    """First fit: the plan puts the first GPU pod on a-0000. `wall`: the clock creation times are judged by."""
+    svc = cluster(QueuePlanning(min_pods=min_pods, refresh_s=1000.0, max_wait_s=MAX_WAIT), pods, Clock())
+    svc.wall_clock = wall
+    return svc
 
 
 def filtered(svc: ExtenderService, pod: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
