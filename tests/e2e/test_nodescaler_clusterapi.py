@@ -160,9 +160,15 @@ def test_eight_gpu_pods_scale_the_machinedeployment_and_scale_in_removes_exactly
                  what=f"{PODS} big pods Running")
         scale_out_s = time.monotonic() - t0
 
-        def linked():  # Cluster API sets each Machine's nodeRef once it finds the node by provider ID
+        def linked():
+            # Cluster API sets each Machine's nodeRef once it finds the node by provider ID, and annotates the node
+            # with its Machine in the same or a later reconcile (a clean-clone run read the node in between).
             ms = machines(api, "md-a100x8")
-            return ms if len(ms) == PODS and all((m.get("status") or {}).get("nodeRef") for m in ms) else None
+            if len(ms) != PODS or not all((m.get("status") or {}).get("nodeRef") for m in ms):
+                return None
+            machine_of = {n.metadata.name: (n.metadata.annotations or {}).get("cluster.x-k8s.io/machine")
+                          for n in group_nodes(api, "a100x8")}
+            return ms if all(machine_of.get(m["status"]["nodeRef"]["name"]) for m in ms) else None
 
         made = wait_for(linked, timeout=60, interval=1, what="every Machine linked to its node")
         assert replicas(api, "md-a100x8") == PODS, "the MachineDeployment was scaled to one node per 8-GPU pod"
