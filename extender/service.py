@@ -77,6 +77,20 @@ class FilterMemo:
         return self.rows if (uid, version, names) == (self.uid, self.version, self.names) else None
 
 
+def filter_result(args: ExtenderArgs, feasible: list[str], failed: dict[str, str],
+                  unresolvable: dict[str, str]) -> ExtenderFilterResult:
+    """A filter verb's answer in the form the request came in: names with a node cache, else the full Node objects
+    the scheduler sent (and wants back), each feasible one once."""
+    nodes = None
+    if args.NodeNames is None and args.Nodes is not None:
+        keep = dict.fromkeys(feasible)  # popped when answered: a node sent twice comes back once
+        nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
+                                         if keep.pop(n["metadata"]["name"], False) is None]}
+    return ExtenderFilterResult.model_construct(  # built here, valid by construction: skip re-validation
+        Nodes=nodes, NodeNames=feasible if args.NodeNames is not None else None,
+        FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable, Error="")
+
+
 class ExtenderService:
     def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup, *,
                  scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,),
@@ -132,15 +146,7 @@ class ExtenderService:
         self.metrics.decision("filter", "failed").inc(len(verdict.failed))
         self.metrics.decision("filter", "unresolvable").inc(len(verdict.unresolvable))
         log.debug("filter", extra={"pod": demand.name, "candidates": len(names), "feasible": len(verdict.feasible)})
-        # Without a node cache the scheduler sent (and wants back) full Node objects.
-        nodes = None
-        if args.NodeNames is None and args.Nodes is not None:
-            keep = dict.fromkeys(verdict.feasible)  # popped when answered: a node sent twice comes back once
-            nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
-                                             if keep.pop(n["metadata"]["name"], False) is None]}
-        return ExtenderFilterResult.model_construct(  # built here, valid by construction: skip re-validation
-            Nodes=nodes, NodeNames=verdict.feasible if args.NodeNames is not None else None,
-            FailedNodes=verdict.failed, FailedAndUnresolvableNodes=verdict.unresolvable, Error="")
+        return filter_result(args, verdict.feasible, verdict.failed, verdict.unresolvable)
 
     def prioritize(self, args: ExtenderArgs) -> verdicts.Priorities:
         """A score per candidate: the wire's HostPriorityList, left as arrays because it can hold thousands."""
@@ -280,14 +286,7 @@ class ExtenderService:
                     feasible_names, failed = verdict.feasible, verdict.failed
                     self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible,
                                                    verdict.feasible_rows, state.version)
-        nodes = None
-        if args.NodeNames is None and args.Nodes is not None:
-            keep = set(feasible_names)
-            nodes = {**args.Nodes, "items": [n for n in args.Nodes.get("items") or ()
-                                             if n["metadata"]["name"] in keep]}
-        return ExtenderFilterResult.model_construct(
-            Nodes=nodes, NodeNames=list(feasible_names) if args.NodeNames is not None else None,
-            FailedNodes=failed, FailedAndUnresolvableNodes={}, Error="")
+        return filter_result(args, list(feasible_names), failed, {})
 
     def _may_hold_for_plan(self, pod: dict[str, Any]) -> bool:
         """Whether a pod asking for no GPU may still be held for the joint plan's room: until it has waited
