@@ -43,7 +43,9 @@ def normalize(scores: np.ndarray, mask: np.ndarray, top: int = MAX_EXTENDER_PRIO
     if hi == lo:
         out[mask] = top
         return out
-    out[mask] = np.floor((s - lo) * top / (hi - lo)).astype(np.int64)
+    # Divided first: x / x is exactly 1, so the best maps to `top`; (x * top) / x can round to just under it, and the
+    # policy's pick then scored 9 beside other 9s, which kube-scheduler broke at random.
+    out[mask] = np.floor((s - lo) / (hi - lo) * top).astype(np.int64)
     return out
 
 

@@ -112,6 +112,8 @@ def test_select_node(scores, mask, rank, expected):
     # lo 20, hi 60: (20-20)*10/40 = 0, (40-20)*10/40 = 5, (60-20)*10/40 = 10; masked-out entry 0
     ([20, 40, 60, 99], [1, 1, 1, 0], [0, 5, 10, 0]),
     ([3, 3], [1, 1], [10, 10]),  # all equal: every feasible node gets the top priority
+    # (hi - lo) * 10 / (hi - lo) is 9.999999999999998 here: the best node must still get 10, not 9 like the others
+    ([1.4381200827081053, 2.3403287710569733, 2.2], [1, 1, 1], [0, 10, 8]),
 ])
 def test_normalize_to_extender_priority(scores, mask, expected):
     assert normalize(np.array(scores, float), np.array(mask, bool)).tolist() == expected
