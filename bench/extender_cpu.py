@@ -10,9 +10,12 @@ kube-scheduler placed 25 pods a second (the 1,000-node cluster run placed 17-33 
 gets as many plans as in a cluster whatever this machine's speed; without it the clock is the wall clock.
 `--cpu-pods-entry --cpu-only-share 0.3`: the schemes for pods that ask for no GPU (docs/extender.md) on the same pods,
 `--repeats` rounds interleaved: the extender's own CPU per pod in each and the calls kube-scheduler would make per pod.
+`--compare-decide-in-filter`: the extender as shipped (a plain GPU pod's filter answers with gpuaas's pick alone, so
+kube-scheduler calls no prioritize) against decide_in_filter off, interleaved, with the placements compared.
 Usage: python bench/extender_cpu.py [--nodes 1000] [--pods 600] [--queue-planning-min-pods 0]
        python bench/extender_cpu.py --nodes 1000 --pods 3000 --queue-planning-min-pods 16 --pace 25
-       python bench/extender_cpu.py --nodes 300 --pods 1500 --cpu-only-share 0.3 --cpu-pods-entry"""
+       python bench/extender_cpu.py --nodes 300 --pods 1500 --cpu-only-share 0.3 --cpu-pods-entry
+       python bench/extender_cpu.py --nodes 1000 --pods 400 --compare-decide-in-filter"""
 from __future__ import annotations
 
 import argparse
@@ -78,16 +81,18 @@ class PacedClock:
 
 
 async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gpu_entry_only",
-              cpu_only_share: float = 0.0, pace: float = 0.0) -> dict[str, Any]:
+              cpu_only_share: float = 0.0, pace: float = 0.0, decide_in_filter: bool = True) -> dict[str, Any]:
     """`scheme`, for pods that ask for no GPU (docs/extender.md, "Pods that ask for no GPU"): gpu_entry_only (they
     never reach the extender; kube-scheduler puts them on the nodes in turn here), cpu_pods_entry (they get the CPU-pod
     entry's filter and prioritize, and every GPU pod its filter's every-node answer and empty ranking too),
     cpu_pods_entry_prioritize_only (that entry before it had a filter) or all_pods (filter, prioritize and bind, as
-    GPU pods). Calls per pod are the HTTP requests kube-scheduler would make to the extender."""
+    GPU pods). Calls per pod are the HTTP requests kube-scheduler would make to the extender. `decide_in_filter`: the
+    extender's setting (on as shipped: a GPU pod's filter answers with gpuaas's pick alone; no prioritize follows)."""
     node_objs = fleet(nodes)
     names = [n["metadata"]["name"] for n in node_objs]
     pending = make_pods(pods, seed, cpu_only_share)
-    app = snapshot_app(ExtenderConfig(queue_planning_min_pods=min_pods), [{"kind": "Node", **n} for n in node_objs])
+    app = snapshot_app(ExtenderConfig(queue_planning_min_pods=min_pods, decide_in_filter=decide_in_filter),
+                       [{"kind": "Node", **n} for n in node_objs])
     svc, encoder = app[SERVICE], app[PRIORITY_ENCODER]
     view = svc.view
     clock = PacedClock()
@@ -149,26 +154,32 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
             if not feasible:
                 placed.append(None)
                 continue
+            # kube-scheduler passes each extender's feasible names to the next, and with one left it neither scores
+            # nor calls prioritize (decide_in_filter answers a plain GPU pod's filter with gpuaas's pick alone).
             body = orjson.dumps({"Pod": pod, "NodeNames": feasible, "Nodes": None})
-            c2 = time.process_time()
-            scored = svc.prioritize(ExtenderArgs.model_validate(orjson.loads(body)))
-            reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
-            c3 = time.process_time()
-            reply_bytes["prioritize"] += len(reply)
-            calls += 1
-            if cpu_filter:  # and the CPU-pod entry's filter beside the GPU entry's
+            if cpu_filter:  # the CPU-pod entry's filter after the GPU entry's
                 cf = time.process_time()
-                passed = orjson.loads(orjson.dumps(dict(svc.filter_cpu_pods(args))))["NodeNames"]
-                assert passed == names
+                passed = orjson.loads(orjson.dumps(dict(svc.filter_cpu_pods(ExtenderArgs.model_validate(
+                    orjson.loads(body))))))["NodeNames"]
+                assert passed == feasible
                 spent["cpu_filter_gpu_pod"] = time.process_time() - cf
                 calls += 1
-            if cpu_entry:  # the CPU-pod entry is called beside the GPU entry's prioritize
-                cp = time.process_time()
-                empty = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
-                assert not empty.names
-                spent["cpu_prioritize_gpu_pod"] = time.process_time() - cp
+            c2 = c3 = time.process_time()
+            if len(feasible) == 1:
+                best = feasible[0]
+            else:
+                scored = svc.prioritize(ExtenderArgs.model_validate(orjson.loads(body)))
+                reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names)
+                c3 = time.process_time()
+                reply_bytes["prioritize"] += len(reply)
                 calls += 1
-            best = max(orjson.loads(reply), key=lambda e: e["Score"])["Host"]
+                if cpu_entry:  # the CPU-pod entry is called beside the GPU entry's prioritize
+                    cp = time.process_time()
+                    empty = svc.prioritize_cpu_pods(ExtenderArgs.model_validate(orjson.loads(body)))
+                    assert not empty.names
+                    spent["cpu_prioritize_gpu_pod"] = time.process_time() - cp
+                    calls += 1
+                best = max(orjson.loads(reply), key=lambda e: e["Score"])["Host"]
             body = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": "tput",
                                  "PodUID": pod["metadata"]["uid"], "Node": best})
             c4 = time.process_time()
@@ -197,6 +208,7 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
              for kind in ("full", "updated")}
     per_pod = {k: round(1000 * v / counted, 3) for k, v in cpu.items()}
     out = {"bench": "extender_cpu", "nodes": nodes, "pods": pods, "queue_planning_min_pods": min_pods,
+           "decide_in_filter": decide_in_filter, "extender_calls_per_pod": round(calls / pods, 3),
            "cpu_ms_per_pod": per_pod, "cpu_ms_per_pod_total": round(sum(per_pod.values()), 3),
            "target_ms": 1.0,
            "queue_plan_seconds": round(svc.metrics.registry.get_sample_value("gpuaas_extender_queue_plan_seconds_sum")
@@ -208,8 +220,7 @@ async def run(nodes: int, pods: int, min_pods: int, seed: int, scheme: str = "gp
            "placements_digest": hashlib.sha1(repr(placed).encode()).hexdigest()[:12],
            "bound": sum(p is not None for p in placed)}
     if cpu_only_share > 0:
-        out.update(scheme=scheme, cpu_only_pods=sum(c for c, _ in pending),
-                   extender_calls_per_pod=round(calls / pods, 3))
+        out.update(scheme=scheme, cpu_only_pods=sum(c for c, _ in pending))
     return out
 
 
@@ -234,6 +245,30 @@ def compare_schemes(nodes: int, pods: int, min_pods: int, seed: int, cpu_only_sh
     return out
 
 
+def compare_decide_in_filter(nodes: int, pods: int, min_pods: int, seed: int, pace: float,
+                             repeats: int) -> dict[str, Any]:
+    """The extender with decide_in_filter on (as shipped) and off on the same pods, `repeats` rounds interleaved: the
+    median CPU per pod of each, and whether every pod landed on the same node and devices."""
+    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    for r in range(repeats):
+        for decide in ((True, False) if r % 2 == 0 else (False, True)):
+            runs[decide].append(asyncio.run(run(nodes, pods, min_pods, seed, pace=pace, decide_in_filter=decide)))
+    out: dict[str, Any] = {"bench": "extender_cpu", "comparison": "decide_in_filter", "nodes": nodes, "pods": pods,
+                           "queue_planning_min_pods": min_pods, "pace_pods_per_second": pace, "repeats": repeats}
+    for decide, rs in runs.items():
+        totals = sorted(r["cpu_ms_per_pod_total"] for r in rs)
+        out["decide_in_filter" if decide else "every_feasible_node"] = {
+            "cpu_ms_per_pod_total": statistics.median(totals), "range": [totals[0], totals[-1]],
+            "extender_calls_per_pod": rs[0]["extender_calls_per_pod"],
+            "cpu_ms_per_pod": {k: statistics.median(r["cpu_ms_per_pod"][k] for r in rs)
+                               for k in rs[0]["cpu_ms_per_pod"]},
+            "reply_bytes_per_gpu_pod": rs[0]["reply_bytes_per_gpu_pod"],
+            "placements_digest": sorted({r["placements_digest"] for r in rs})}
+    out["same_placements"] = out["decide_in_filter"]["placements_digest"] == \
+        out["every_feasible_node"]["placements_digest"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -246,15 +281,24 @@ def main() -> None:
                         help="with --cpu-pods-entry: the fraction of pods that ask for no GPU")
     parser.add_argument("--cpu-pods-entry", action="store_true",
                         help="instead: the three schemes for CPU-only pods on the same pods, interleaved")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of --cpu-pods-entry")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of --cpu-pods-entry or --compare-decide-in-filter")
+    parser.add_argument("--no-decide-in-filter", action="store_true",
+                        help="the extender with decide_in_filter off: every feasible node, then prioritize")
+    parser.add_argument("--compare-decide-in-filter", action="store_true",
+                        help="instead: decide_in_filter on and off on the same pods, interleaved")
     args = parser.parse_args()
     if args.cpu_pods_entry:
         if not 0 < args.cpu_only_share < 1:
             parser.error("--cpu-pods-entry needs --cpu-only-share between 0 and 1 (e.g. 0.3)")
         out = compare_schemes(args.nodes, args.pods, args.queue_planning_min_pods, args.seed, args.cpu_only_share,
                               args.repeats)
+    elif args.compare_decide_in_filter:
+        out = compare_decide_in_filter(args.nodes, args.pods, args.queue_planning_min_pods, args.seed, args.pace,
+                                       args.repeats)
     else:
-        out = asyncio.run(run(args.nodes, args.pods, args.queue_planning_min_pods, args.seed, pace=args.pace))
+        out = asyncio.run(run(args.nodes, args.pods, args.queue_planning_min_pods, args.seed, pace=args.pace,
+                              decide_in_filter=not args.no_decide_in_filter))
     print(json.dumps(out, indent=2))
 
 

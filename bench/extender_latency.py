@@ -1,15 +1,20 @@
-"""Latency of the extender's filter + prioritize against a 5,000-node snapshot, as kube-scheduler calls it
-(nodeCacheCapable: node names in, names and scores out). Prints JSON.
+"""Latency of the extender's calls per pod against a 5,000-node snapshot, as kube-scheduler makes them
+(nodeCacheCapable: node names in, names and scores out): filter, then prioritize of the feasible names when more than
+one is feasible (with one, kube-scheduler neither scores nor calls prioritize). Prints JSON.
 
-The extender runs as it is deployed: its own process (`gpuaas extender --snapshot FILE`, uvloop), on loopback. The
-client is a keep-alive http.client connection, as kube-scheduler keeps one open. A verb's latency is from sending the
-request to having read the whole reply; decoding the reply is the caller's work and is reported on its own
-(`client_decode_ms`, orjson here, Go's encoding/json in kube-scheduler).
+The extender runs as it is deployed: its own process (`gpuaas extender --snapshot FILE`, uvloop), on loopback, twice:
+as configured by default (`gpuaas`: filter answers with its pick alone where kube-scheduler's own scores would not
+change it, decide_in_filter) and with every feasible node answered and prioritize called (`gpuaas_full`,
+decide_in_filter=false: a pod with a soft preference, or the setting off). The client is a keep-alive http.client
+connection, as kube-scheduler keeps one open. A verb's latency is from sending the request to having read the whole
+reply; decoding the reply is the caller's work and is reported on its own (`client_decode_ms`, orjson here, Go's
+encoding/json in kube-scheduler).
 
-The same requests also go, interleaved one pair at a time, to a floor (bench/floor_extender.py): a do-nothing
-extender on the same server stack that parses each request and answers every candidate feasible with score 0. Both
-servers' CPU per pair is read from /proc. `--runs` measurements per size; the summary has, per run at the largest
-size, gpuaas's p50 and p99, the floor's p50 and their ratio.
+The same requests also go, interleaved one pod at a time, to a floor (bench/floor_extender.py): a do-nothing
+extender on the same server stack that parses each request and answers every candidate feasible with score 0 (so
+both its verbs are called). Every server's CPU per pod is read from /proc. `--runs` measurements per size; the
+summary has, per run at the largest size and per gpuaas mode, the p50 and p99 of a pod's calls, the floor's p50 and
+their ratio.
 
 Usage: python bench/extender_latency.py [--nodes 5000] [--requests 300] [--runs 5] [--policy gpuaas]"""
 from __future__ import annotations
@@ -85,8 +90,8 @@ def server_cpu_s(pid: int) -> float:
 
 def measure(servers: dict[str, tuple[Client, int]], names: list[str], pods: list[dict], requests: int, sample: int,
             seed: int) -> dict[str, dict]:
-    """Filter then prioritize of the same pod and candidates, sent to each server in turn (interleaved, so that the
-    machine's load falls on both alike); each server's CPU per pair from /proc."""
+    """A pod's calls (filter, then prioritize of the feasible names when more than one is), sent to each server in
+    turn (interleaved, so that the machine's load falls on all alike); each server's CPU per pod from /proc."""
     rng = random.Random(seed)
     times: dict[str, dict[str, list[float]]] = {s: {"filter": [], "prio": [], "both": [], "decode": []}
                                                 for s in servers}
@@ -100,36 +105,40 @@ def measure(servers: dict[str, tuple[Client, int]], names: list[str], pods: list
             t0 = time.perf_counter()
             feasible = orjson.loads(raw)["NodeNames"]
             t_decode = time.perf_counter() - t0
-            raw, t_prio = client.post("/prioritize", orjson.dumps({"Pod": pod, "NodeNames": feasible, "Nodes": None}))
-            t0 = time.perf_counter()
-            scores = orjson.loads(raw)
-            t_decode += time.perf_counter() - t0
+            t_prio = 0.0
+            if len(feasible) > 1:
+                raw, t_prio = client.post("/prioritize",
+                                          orjson.dumps({"Pod": pod, "NodeNames": feasible, "Nodes": None}))
+                t0 = time.perf_counter()
+                scores = orjson.loads(raw)
+                t_decode += time.perf_counter() - t0
+                # gpuaas leaves out hosts scoring 0 when another scores above 0 (extender/wire.py: kube-scheduler
+                # adds nothing for a missing host), so a reply may list fewer names, never others, and never none.
+                listed = {s["Host"] for s in scores}
+                if not listed <= set(feasible) or not listed:
+                    raise RuntimeError(f"{server}: prioritize scored {len(listed)} names of {len(feasible)}, "
+                                       f"{len(listed - set(feasible))} not among them")
             c1 = server_cpu_s(pid)
-            # gpuaas leaves out hosts scoring 0 when another scores above 0 (extender/wire.py: kube-scheduler adds
-            # nothing for a missing host), so a reply may list fewer names, never others, and never none.
-            listed = {s["Host"] for s in scores}
-            if not listed <= set(feasible) or (feasible and not listed):
-                raise RuntimeError(f"{server}: prioritize scored {len(listed)} names of {len(feasible)}, "
-                                   f"{len(listed - set(feasible))} not among them")
             if i >= 20:  # warm-up excluded
                 t = times[server]
                 t["filter"].append(t_filter)
-                t["prio"].append(t_prio)
+                if t_prio:
+                    t["prio"].append(t_prio)
                 t["both"].append(t_filter + t_prio)
                 t["decode"].append(t_decode)
                 cpu[server] += c1 - c0
 
     def ms(xs, q):
-        return round(float(np.percentile(xs, q)) * 1000, 3)
+        return round(float(np.percentile(xs, q)) * 1000, 3) if xs else None
 
     def p50_p99(xs):
         return {"p50": ms(xs, 50), "p99": ms(xs, 99)}
 
-    return {server: {"names_per_request": sample, "requests": requests,
+    return {server: {"names_per_request": sample, "requests": requests, "prioritize_calls": len(t["prio"]),
                      "filter_ms": p50_p99(t["filter"]), "prioritize_ms": p50_p99(t["prio"]),
-                     "filter_plus_prioritize_ms": p50_p99(t["both"]),
+                     "per_pod_ms": p50_p99(t["both"]),
                      "client_decode_ms": p50_p99(t["decode"]),
-                     "server_cpu_ms_per_pair": round(1000 * cpu[server] / requests, 3)}
+                     "server_cpu_ms_per_pod": round(1000 * cpu[server] / requests, 3)}
             for server, t in times.items()}
 
 
@@ -150,43 +159,52 @@ def main() -> None:
         snapshot = Path(tmp) / "snapshot.json"
         snapshot.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": (
             [{"kind": "Node", **n} for n in node_objs] + [{"kind": "Pod", **p} for p in bound])}))
-        server = ComponentProcess("gpuaas-extender", [], Path(tmp))
-        server.args = ["extender", "--snapshot", str(snapshot), "--policy", args.policy,
-                       "--host", "127.0.0.1", "--port", str(server.port)]
+        gpuaas = {mode: ComponentProcess(f"gpuaas-extender-{mode}", [], Path(tmp),
+                                         env={"GPUAAS_EXTENDER_DECIDE_IN_FILTER": decide})
+                  for mode, decide in (("gpuaas", "true"), ("gpuaas_full", "false"))}
+        for server in gpuaas.values():
+            server.args = ["extender", "--snapshot", str(snapshot), "--policy", args.policy,
+                           "--host", "127.0.0.1", "--port", str(server.port)]
         floor_port = free_port()
         floor_log = (Path(tmp) / "floor.log").open("wb")
         floor = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_extender.py")),
                                   "--port", str(floor_port)], stdout=floor_log, stderr=subprocess.STDOUT,
                                  env={**os.environ, "PYTHONPATH": str(REPO)})
         t0 = time.perf_counter()
-        server.start(timeout=300)
-        start_s = time.perf_counter() - t0
+        for server in gpuaas.values():
+            server.start(timeout=300)
+        start_s = (time.perf_counter() - t0) / len(gpuaas)
         try:
             wait_listening(floor_port, floor)
-            assert server.popen is not None
-            servers = {"gpuaas": (Client(server.port), server.popen.pid), "floor": (Client(floor_port), floor.pid)}
+            servers = {mode: (Client(server.port), server.popen.pid)  # type: ignore[union-attr]  # started above
+                       for mode, server in gpuaas.items()}
+            servers["floor"] = (Client(floor_port), floor.pid)
             results = [measure(servers, names, pods, args.requests, sample, args.seed + run)
                        for sample in sorted({min(500, len(names)), len(names)}) for run in range(args.runs)]
         finally:
-            server.stop()
+            for server in gpuaas.values():
+                server.stop()
             floor.kill()
             floor.wait(10)
             floor_log.close()
     at_all = [r for r in results if r["gpuaas"]["names_per_request"] == len(names)]
-    p99 = [r["gpuaas"]["filter_plus_prioritize_ms"]["p99"] for r in at_all]
-    p50_ratio = [round(r["gpuaas"]["filter_plus_prioritize_ms"]["p50"] / r["floor"]["filter_plus_prioritize_ms"]["p50"],
-                       3) for r in at_all]
+
+    def summary(mode: str) -> dict:
+        p99 = [r[mode]["per_pod_ms"]["p99"] for r in at_all]
+        return {"p99_ms_per_run": p99, "runs_p99_at_most_target": sum(x <= 5.0 for x in p99),
+                "p50_ms_per_run": [r[mode]["per_pod_ms"]["p50"] for r in at_all],
+                "p50_to_floor_per_run": [round(r[mode]["per_pod_ms"]["p50"] / r["floor"]["per_pod_ms"]["p50"], 3)
+                                         for r in at_all],
+                "prioritize_calls_per_run": [r[mode]["prioritize_calls"] for r in at_all],
+                "server_cpu_ms_per_pod": [r[mode]["server_cpu_ms_per_pod"] for r in at_all]}
+
     print(json.dumps({"bench": "extender_latency", "policy": args.policy, "nodes": args.nodes,
                       "bound_pods": len(bound), "server_start_s": round(start_s, 2), "target_p99_ms": 5.0,
                       "target_p50_to_floor": 1.5,
                       "summary": {"names": len(names), "runs": len(at_all),
-                                  "p99_ms_per_run": p99, "runs_p99_at_most_target": sum(x <= 5.0 for x in p99),
-                                  "p50_ms_per_run": [r["gpuaas"]["filter_plus_prioritize_ms"]["p50"] for r in at_all],
-                                  "floor_p50_ms_per_run": [r["floor"]["filter_plus_prioritize_ms"]["p50"]
-                                                           for r in at_all],
-                                  "p50_to_floor_per_run": p50_ratio,
-                                  "server_cpu_ms_per_pair": [r["gpuaas"]["server_cpu_ms_per_pair"] for r in at_all],
-                                  "floor_cpu_ms_per_pair": [r["floor"]["server_cpu_ms_per_pair"] for r in at_all]},
+                                  **{mode: summary(mode) for mode in gpuaas},
+                                  "floor_p50_ms_per_run": [r["floor"]["per_pod_ms"]["p50"] for r in at_all],
+                                  "floor_cpu_ms_per_pod": [r["floor"]["server_cpu_ms_per_pod"] for r in at_all]},
                       "results": results}, indent=2))
 
 

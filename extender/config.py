@@ -67,6 +67,13 @@ class ExtenderConfig(BaseModel):
     queue_plan_window: int = Field(default=64, ge=0, description="a joint plan reorders pods (largest first) only "
                                    "within windows of this many arrivals, so that arrival order holds between "
                                    "windows and small pods are not all passed over in a burst; 0: the whole queue")
+    decide_in_filter: bool = Field(default=True, description="answer filter with gpuaas's one chosen node for a GPU "
+                                   "pod whose placement kube-scheduler's own scores would not change (no preferred "
+                                   "node or pod affinity, no ScheduleAnyway or default topology spreading, no DRA "
+                                   "claims, no untolerated PreferNoSchedule taint on a candidate, no placed pod's "
+                                   "affinity term selecting it): kube-scheduler then runs no score plugin and no "
+                                   "prioritize for it; its image locality no longer weighs in there. false: every "
+                                   "pod gets every feasible node, then prioritize")
     log_format: Literal["json", "text"] = Field(default="json", description="JSON lines, or text for humans")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe "
                                                                     "level logged")

@@ -250,7 +250,8 @@ def snapshot_app(config: ExtenderConfig, items: list[dict[str, Any]],
 
     metrics = Metrics()
     service = ExtenderService(view, NoBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names),
-                              queue_planning=queue_planning(config))
+                              queue_planning=queue_planning(config),
+                              decide_in_filter=config.decide_in_filter)
     return make_app(config, service, metrics, lambda: True, reviewer)
 
 
@@ -282,7 +283,8 @@ def live_app(config: ExtenderConfig) -> web.Application:
     metrics = Metrics()
     reviewer = ApiReviewer(lambda: holder["session"])
     service = ExtenderService(view, LazyBinder(), metrics, lookup, scheduler_names=tuple(config.scheduler_names),
-                              queue_planning=queue_planning(config))
+                              queue_planning=queue_planning(config),
+                              decide_in_filter=config.decide_in_filter)
     app = make_app(config, service, metrics,
                    lambda: Informer.readiness(watched, config.max_watch_stale_seconds), reviewer)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from scoring import verdicts
 from scoring.clusterview import ClusterView
-from scoring.constraints import DEFAULT_SCHEDULER, bind_refusal
+from scoring.constraints import DEFAULT_SCHEDULER, NodeConstraints, bind_refusal, prefers_against, score_preference
 from scoring.fit import feasible
 from scoring.gangs import created_at
 from scoring.kubeobjects import (
@@ -94,8 +94,10 @@ def filter_result(args: ExtenderArgs, feasible: list[str], failed: dict[str, str
 class ExtenderService:
     def __init__(self, view: ClusterView, binder: Binder, metrics: Metrics, pod_lookup: PodLookup, *,
                  scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,),
-                 queue_planning: QueuePlanning = QueuePlanning(), wall_clock: Callable[[], float] = time.time):
+                 queue_planning: QueuePlanning = QueuePlanning(), wall_clock: Callable[[], float] = time.time,
+                 decide_in_filter: bool = False):
         self.view = view
+        self.decide_in_filter = decide_in_filter  # filter answers with gpuaas's pick alone where it decides anyway
         self.wall_clock = wall_clock  # epoch seconds, against pods' creationTimestamp
         self.queue_planning = queue_planning
         self.plan: QueuePlan | None = None
@@ -124,7 +126,7 @@ class ExtenderService:
         except (ObjectError, KeyError) as err:
             raise BadRequest(str(err)) from None
         names = args.node_names()
-        state, _ = self.view.snapshot()
+        state, policy = self.view.snapshot()
         verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes)
         plan = self._queue_plan(state)
         key = pod_key(args.Pod)
@@ -139,14 +141,43 @@ class ExtenderService:
                                                                for m in verdict.failed.values()):
             sample = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
             raise BadRequest(f"none of the {len(names)} node names is known to gpuaas ({sample})", status=422)
-        # kube-scheduler's prioritize for this pod follows with exactly the feasible names: keep their rows.
-        self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows,
-                                       state.version)
         self.metrics.decision("filter", "feasible").inc(len(verdict.feasible))
         self.metrics.decision("filter", "failed").inc(len(verdict.failed))
         self.metrics.decision("filter", "unresolvable").inc(len(verdict.unresolvable))
         log.debug("filter", extra={"pod": demand.name, "candidates": len(names), "feasible": len(verdict.feasible)})
+        if self.decide_in_filter and demand.gpus and len(verdict.feasible) > 1 and \
+                self._scheduler_weighs(args.Pod, verdict.feasible) is None:
+            # kube-scheduler's own scores rank these nodes alike, so gpuaas's ranking decides: its pick alone is the
+            # answer. With one feasible node kube-scheduler runs no score plugin and no prioritize, and the reasons
+            # for the other nodes are read only when none is feasible, so they are left out.
+            scored = self._rank(args.Pod, demand, state, policy, verdict.feasible, verdict.feasible_rows,
+                                "filter")
+            if scored.pick is not None:
+                self.metrics.decision("filter", "decided").inc()
+                return filter_result(args, [scored.pick], {}, {})
+        # kube-scheduler's prioritize for this pod follows with exactly the feasible names: keep their rows.
+        self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows,
+                                       state.version)
         return filter_result(args, verdict.feasible, verdict.failed, verdict.unresolvable)
+
+    def _scheduler_weighs(self, pod: dict[str, Any], feasible_names: list[str]) -> str | None:
+        """What kube-scheduler's own score plugins would weigh between the feasible nodes for this pod, or None:
+        the pod's preferences (scoring.constraints.score_preference), a feasible node's PreferNoSchedule taint it
+        does not tolerate, or a placed pod's affinity term that selects it. Not checked: image locality, which can
+        move a pod between nodes gpuaas ranks alike or a step apart; here gpuaas's ranking stands."""
+        reason = score_preference(pod)
+        if reason is not None:
+            return reason
+        if self.view.prefer_no_schedule:
+            tolerations = NodeConstraints.of(pod).tolerations
+            candidates = set(feasible_names)
+            for name, taints in self.view.prefer_no_schedule.items():
+                if name in candidates and prefers_against(tolerations, taints):
+                    return f"node {name} has a PreferNoSchedule taint the pod does not tolerate"
+        for key, terms in self.view.pod_terms.items():
+            if any(t.selects(pod) for t in terms):
+                return f"pod {key}'s affinity terms select it"
+        return None
 
     def prioritize(self, args: ExtenderArgs) -> verdicts.Priorities:
         """A score per candidate: the wire's HostPriorityList, left as arrays because it can hold thousands."""
@@ -155,12 +186,19 @@ class ExtenderService:
         names = args.node_names()
         memo = self._last_filter
         rows = memo.rows_for(args.Pod["metadata"].get("uid"), names, state.version) if memo is not None else None
+        scored = self._rank(args.Pod, demand, state, policy, names, rows, "prioritize")
+        self.metrics.decision("prioritize", "scored").inc(len(scored.names))
+        return scored
+
+    def _rank(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy, names: list[str],
+              rows: np.ndarray | None, verb: str) -> verdicts.Priorities:
+        """The policy's ranking of `names` (their model `rows` when known), steered to the pod's planned node, and
+        the GPUs held on the pick: prioritize's answer, and filter's where gpuaas's pick is the decision."""
         scored = verdicts.prioritize(state, policy, demand, names, rows)
-        planned = self.plan.node_of(pod_key(args.Pod)) if self.plan is not None else None
+        planned = self.plan.node_of(pod_key(pod)) if self.plan is not None else None
         if planned is not None:
             scored = verdicts.steer(state, scored, demand, planned)
-            self.metrics.decision("prioritize", "steered" if scored.pick == state.names[planned]
-                                          else "plan-stale").inc()
+            self.metrics.decision(verb, "steered" if scored.pick == state.names[planned] else "plan-stale").inc()
         elif not demand.gpus:
             # A pod asking for no GPU keeps off the room promised to the planned GPU pods, a burst's gated DRA pods
             # among them (scoring.clusterview): the nodes beside it rank first (the CPU-pods entry's filter holds it
@@ -169,20 +207,19 @@ class ExtenderService:
             if plan is not None and plan.reserved is not None and len(plan.reserved) == len(state):
                 kept = verdicts.keep_off_plan(scored, plan.reserved, demand)
                 if kept is not scored:
-                    self.metrics.decision("prioritize", "kept-off-plan").inc()
+                    self.metrics.decision(verb, "kept-off-plan").inc()
                 scored = kept
-        pick, key = scored.pick, pod_key(args.Pod)
+        pick, key = scored.pick, pod_key(pod)
         if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
             # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
             # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
             node = state.index[pick]
             fresh = key not in self.view.assumed
-            self.view.assume(key, pick, demand, self._devices(args.Pod, state, policy, demand, node))
+            self.view.assume(key, pick, demand, self._devices(pod, state, policy, demand, node))
             if not demand.gpus and fresh:
                 # kube-scheduler binds it itself (the CPU-pod entry has no bind): from now on the plan's reserved
                 # model holds it too, so that the next pods asking for no GPU are judged beside it.
                 self._reserve_unplanned(key, node, demand, ())
-        self.metrics.decision("prioritize", "scored").inc(len(scored.names))
         return scored
 
     @staticmethod

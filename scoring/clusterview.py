@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from scoring.constraints import HOSTNAME_LABEL
+from scoring.constraints import HOSTNAME_LABEL, PodTerm, Taint, node_taints, pod_terms
 from scoring.draview import CLAIM_KIND, SLICE_KIND, DraView, Hold, claim_owner
 from scoring.fit import misfit_reason
 from scoring.fragmentation import Workload
@@ -122,6 +122,10 @@ class ClusterView:
         # (the extender's queue plan) takes back only the rows changed since it last looked (`changed_rows`).
         self.row_changes = 0
         self._row_stamps = np.zeros(0, dtype=np.int64)
+        # What kube-scheduler's own scores weigh besides the pod (scoring.constraints): nodes' PreferNoSchedule
+        # taints, and the pod affinity terms of the pods holding resources, by node name and pod key.
+        self.prefer_no_schedule: dict[str, tuple[Taint, ...]] = {}
+        self.pod_terms: dict[str, tuple[PodTerm, ...]] = {}
 
     # ---- informer events -------------------------------------------------------------------------------------------
     def on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -143,11 +147,20 @@ class ClusterView:
         if new is None:
             self.nodes.pop(name, None)
             self.bad_nodes.pop(name, None)
+            self.prefer_no_schedule.pop(name, None)
             gone = self.specs.pop(name, None)
             if gone is not None:
                 self._node_changed(name, gone, None)
             return
         self.nodes[name] = new
+        try:
+            preferred = tuple(t for t in node_taints(new) if t[2] == "PreferNoSchedule")
+        except (AttributeError, TypeError):  # taints the apiserver would not have stored: none to weigh
+            preferred = ()
+        if preferred:
+            self.prefer_no_schedule[name] = preferred
+        else:
+            self.prefer_no_schedule.pop(name, None)
         try:
             spec = self.dra.node_spec(new, node_spec(new))
             self.bad_nodes.pop(name, None)
@@ -185,6 +198,7 @@ class ClusterView:
         self._track_gated_claims(key, new)
         if new is None or not holds_resources(new):
             self._forget_pod(key)
+            self.pod_terms.pop(key, None)
             placement = self.placements.get(key)
             # An assumed pod seen before its binding (nodeName still empty) keeps its GPUs; a deleted or finished
             # one gives them back.
@@ -196,6 +210,11 @@ class ClusterView:
                 and old["spec"]["nodeName"] == new["spec"]["nodeName"]
                 and _devices_note(old) == _devices_note(new)):
             return  # a status update (Running, conditions): nothing the model holds changed
+        terms = pod_terms(new) if new["spec"].get("affinity") else ()
+        if terms:
+            self.pod_terms[key] = terms
+        else:
+            self.pod_terms.pop(key, None)
         try:
             bound = BoundPod(key, new["spec"]["nodeName"], self.demand(new), assigned_devices(new))
         except (ObjectError, UnknownGpuModelError, ValueError) as err:

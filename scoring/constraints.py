@@ -130,3 +130,83 @@ def bind_refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, schedul
 def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
     return tuple((t.get("key", ""), t.get("value", ""), t.get("effect", ""))
                  for t in (node.get("spec") or {}).get("taints") or ())
+
+
+# ---- what kube-scheduler's own score plugins weigh ---------------------------------------------------------------
+# An extender's filter that leaves one node feasible is the decision: kube-scheduler then runs no score plugin and no
+# prioritize (schedule_one.go, "When only one node after predicate, just use it"). These say when its scores, as
+# gpuaas's profile keeps them (NodeResourcesFit and BalancedAllocation scoring are off), could rank the candidates.
+
+# Owners whose pods PodTopologySpread spreads by default when they state no constraint (system defaults, ScheduleAnyway)
+DEFAULT_SPREAD_OWNERS = ("ReplicaSet", "StatefulSet", "ReplicationController")
+
+
+@dataclass(frozen=True)
+class PodTerm:
+    """A pod (anti-)affinity term of a placed pod, as it selects other pods (InterPodAffinity scores an incoming pod
+    against the terms of the pods already placed)."""
+
+    namespaces: tuple[str, ...] | None  # None: any namespace (a namespaceSelector, not evaluated here)
+    match_labels: tuple[tuple[str, str], ...]
+    expressions: tuple[Expr, ...]
+
+    def selects(self, pod: Mapping[str, Any]) -> bool:
+        meta = pod.get("metadata") or {}
+        if self.namespaces is not None and meta.get("namespace", "default") not in self.namespaces:
+            return False
+        return matches(dict(self.match_labels), self.expressions, meta.get("labels") or {})
+
+
+def score_preference(pod: Mapping[str, Any]) -> str | None:
+    """What in the pod's own spec kube-scheduler's score plugins would weigh between nodes, in words, or None:
+    preferred node affinity, preferred pod (anti-)affinity, a ScheduleAnyway spread constraint or, stating none,
+    the default spreading of a ReplicaSet's, StatefulSet's or ReplicationController's pods, and DRA claims
+    (DynamicResources scores prioritized lists). A pod that only a Service selects is spread by default too: not
+    seen here."""
+    spec = pod.get("spec") or {}
+    affinity = spec.get("affinity") or {}
+    if (affinity.get("nodeAffinity") or {}).get("preferredDuringSchedulingIgnoredDuringExecution"):
+        return "preferred node affinity"
+    for kind in ("podAffinity", "podAntiAffinity"):
+        if (affinity.get(kind) or {}).get("preferredDuringSchedulingIgnoredDuringExecution"):
+            return f"preferred {kind}"
+    spread = spec.get("topologySpreadConstraints") or ()
+    if any(c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in spread):
+        return "a ScheduleAnyway topology spread constraint"
+    if not spread:
+        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+            if owner.get("kind") in DEFAULT_SPREAD_OWNERS:
+                return f"default topology spreading (owned by a {owner['kind']})"
+    if spec.get("resourceClaims"):
+        return "DRA claims"
+    return None
+
+
+def pod_terms(pod: Mapping[str, Any]) -> tuple[PodTerm, ...]:
+    """The terms of a placed pod that kube-scheduler's InterPodAffinity scores other pods by: its required and
+    preferred pod affinity, its preferred anti-affinity (required anti-affinity only filters)."""
+    affinity = (pod.get("spec") or {}).get("affinity") or {}
+    raw: list[Mapping[str, Any]] = []
+    for kind, preferred_only in (("podAffinity", False), ("podAntiAffinity", True)):
+        rules = affinity.get(kind) or {}
+        if not preferred_only:
+            raw.extend(rules.get("requiredDuringSchedulingIgnoredDuringExecution") or ())
+        raw.extend(w.get("podAffinityTerm") or {} for w in rules.get("preferredDuringSchedulingIgnoredDuringExecution")
+                   or ())
+    own = (pod.get("metadata") or {}).get("namespace", "default")
+    terms = []
+    for t in raw:
+        selector = t.get("labelSelector")
+        if selector is None:  # selects no pod
+            continue
+        namespaces = None if t.get("namespaceSelector") is not None else tuple(t.get("namespaces") or (own,))
+        terms.append(PodTerm(namespaces, tuple(sorted((selector.get("matchLabels") or {}).items())),
+                             tuple((e["key"], e["operator"], tuple(e.get("values") or ()))
+                                   for e in selector.get("matchExpressions") or ())))
+    return tuple(terms)
+
+
+def prefers_against(tolerations: Sequence[tuple[str, str, str, str]], taints: Sequence[Taint]) -> bool:
+    """Whether a node's taints include a PreferNoSchedule one the pod does not tolerate (TaintToleration scores
+    such nodes lower)."""
+    return any(t[2] == "PreferNoSchedule" and not _tolerated(t, tolerations) for t in taints)

@@ -1,5 +1,6 @@
-"""bench/extender_latency.py end to end on a small cluster: gpuaas's extender and the floor answer every request
-(a prioritize reply may leave out hosts scoring 0, never list others), and the summary is printed."""
+"""bench/extender_latency.py end to end on a small cluster: gpuaas's extender in both modes and the floor answer
+every request (a prioritize reply may leave out hosts scoring 0, never list others), gpuaas as configured by default
+answers plain GPU pods at filter, and the summary is printed."""
 from __future__ import annotations
 
 import json
@@ -19,5 +20,9 @@ def test_a_small_run_measures_both_servers():
     report = json.loads(out.stdout)
     assert report["summary"]["runs"] == 1 and report["summary"]["names"] == 60
     (result,) = report["results"]
-    for server in ("gpuaas", "floor"):
-        assert result[server]["requests"] == 4 and result[server]["filter_plus_prioritize_ms"]["p50"] > 0
+    for server in ("gpuaas", "gpuaas_full", "floor"):
+        assert result[server]["requests"] == 4 and result[server]["per_pod_ms"]["p50"] > 0
+    # the measured pods are a MIG instance and 1, 2 and 4 whole GPUs: the whole-GPU ones are decided at filter
+    assert result["gpuaas_full"]["prioritize_calls"] == result["floor"]["prioritize_calls"] == 4
+    assert result["gpuaas"]["prioritize_calls"] <= 1
+    assert report["summary"]["gpuaas"]["prioritize_calls_per_run"] == [result["gpuaas"]["prioritize_calls"]]

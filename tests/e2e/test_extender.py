@@ -293,3 +293,40 @@ def test_a_pod_of_another_scheduler_is_never_bound_even_by_the_schedulers_certif
     assert status == 200 and "didn't match Pod's node affinity/selector" in reply["Error"], reply
     for name in ("other", "nowhere"):
         assert pod(cluster.api, ns, name).spec.node_name is None
+
+
+def decisions(extender, pki) -> dict[tuple[str, str], float]:
+    """The extender's gpuaas_extender_decisions_total counters, read as kube-scheduler's certificate reads them."""
+    status, text = call(extender, "/metrics", cert="scheduler", pki=pki)
+    assert status == 200, text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gpuaas_extender_decisions_total{"):
+            labels, value = line[len("gpuaas_extender_decisions_total{"):].split("} ")
+            pairs = dict(kv.split("=", 1) for kv in labels.split(","))
+            out[(pairs["verb"].strip('"'), pairs["outcome"].strip('"'))] = float(value)
+    return out
+
+
+def test_a_plain_gpu_pod_is_decided_at_filter_and_a_pod_with_a_preference_is_ranked_with_kube_schedulers_scores(
+        gpu_cluster, ns):
+    cluster, extender = gpu_cluster
+    pki = cluster.control_plane.pki
+    core = client.CoreV1Api(cluster.api)
+    before = decisions(extender, pki)
+    core.create_namespaced_pod(ns, gpu_pod("plain", ns, gpus=2))
+    wait_for(lambda: pod(cluster.api, ns, "plain").spec.node_name, what="plain bound")
+    after = decisions(extender, pki)
+    # filter left gpuaas's pick alone, so kube-scheduler called no prioritize: nothing was scored
+    assert after.get(("filter", "decided"), 0) == before.get(("filter", "decided"), 0) + 1
+    assert after.get(("prioritize", "scored"), 0) == before.get(("prioritize", "scored"), 0)
+    prefers = gpu_pod("prefers", ns, gpus=1)
+    prefers["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["h100-0001"]}]}}]}}
+    core.create_namespaced_pod(ns, prefers)
+    wait_for(lambda: pod(cluster.api, ns, "prefers").spec.node_name, what="prefers bound")
+    last = decisions(extender, pki)
+    assert last.get(("filter", "decided"), 0) == after.get(("filter", "decided"), 0)
+    assert last.get(("prioritize", "scored"), 0) > after.get(("prioritize", "scored"), 0)
+    assert pod(cluster.api, ns, "plain").metadata.annotations[DEVICES_ANNOTATION].count(",") == 1

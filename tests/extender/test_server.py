@@ -34,7 +34,7 @@ def test_filter_splits_feasible_failed_and_unresolvable():
     items = nodes() + [bound(pending("busy", gpus=6), "a100-0000", "0,1,2,3,4,5")]
 
     async def go():
-        async with client(items) as c:
+        async with client(items, decide_in_filter=False) as c:  # every feasible node back, not gpuaas's pick
             return await post(c, "/filter", {"Pod": pending("p", gpus=4), "NodeNames": names(), "Nodes": None})
 
     status, body = run(go())
@@ -51,7 +51,7 @@ def test_structural_misfits_are_unresolvable_with_a_reason_a_user_understands():
     wants_h100["metadata"]["annotations"] = {"gpuaas.io/gpu-models": "H100-80GB"}
 
     async def go():
-        async with client() as c:
+        async with client(decide_in_filter=False) as c:
             a = await post(c, "/filter", {"Pod": wants_h100, "NodeNames": names()})
             b = await post(c, "/filter", {"Pod": pending("huge", gpus=16), "NodeNames": names()})
             d = await post(c, "/filter", {"Pod": pending("mig-a30", mig="1g.6gb"), "NodeNames": names()})
@@ -444,7 +444,7 @@ def test_a_node_with_an_unreadable_label_is_unresolvable_and_the_rest_are_served
     odd[2]["status"]["allocatable"]["memory"] = "-1Gi"
 
     async def go():
-        async with client(odd) as c:
+        async with client(odd, decide_in_filter=False) as c:
             return await post(c, "/filter", {"Pod": pending("p", gpus=1), "NodeNames": names()})
 
     status, body = run(go())
