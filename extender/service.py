@@ -242,13 +242,13 @@ class ExtenderService:
         rebuilt, a node added, removed or read anew) or when scoring.queueplan.replan_reason says so; None while fewer
         than min_pods wait (each pod is then placed on its own)."""
         qp = self.queue_planning
-        waiting = self.view.waiting() if qp.min_pods > 0 else []
-        if len(waiting) < max(qp.min_pods, 1):
+        if qp.min_pods <= 0 or self.view.waiting_count() < qp.min_pods:
             self.plan = None
             return None
         now = self.view.clock()
         if self.plan is not None and now < self._plan_due and self._plan_model == self.view.rows_version:
             return self.plan
+        waiting = self.view.waiting()
         started = time.perf_counter()
         full = self.plan is None or self._plan_model != self.view.rows_version or \
             replan_reason(self.plan, waiting, now=now, max_wait_s=qp.max_wait_s, max_age_s=qp.full_plan_max_age_s,

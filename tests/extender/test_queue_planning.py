@@ -47,11 +47,13 @@ def schedule(svc: ExtenderService, pods: dict[str, dict[str, Any]], order: list[
             continue
         node = svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=fits)).pick
         assert node is not None
+        assert svc.view.waiting_count() == len(svc.view.waiting())  # the pod held: no longer waiting
         result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName=name, PodNamespace="ml", PodUID=f"uid-{name}",
                                                           Node=node)))
         assert result.Error == ""
         devices = binder_calls(svc)[-1][2]["gpuaas.io/devices"]
         svc.view.on_change("Pod", pod, bound(pod, node, devices))
+        assert svc.view.waiting_count() == len(svc.view.waiting())
         out[name] = node
     return out
 
