@@ -69,8 +69,14 @@ def not_running(core: client.CoreV1Api, namespace: str) -> int:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a process has used so far (what each component costs during the run)."""
+    return sum(cpu_user_system(pid))
+
+
+def cpu_user_system(pid: int) -> tuple[float, float]:
+    """User and system CPU a process has used so far: system time is the kernel's work in its calls (on loopback a
+    write also runs the receiving side's TCP)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def apiserver_requests(cluster: LocalCluster) -> Counter:
@@ -180,6 +186,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             time.sleep(idle_s)
             idle = {name: (cpu_seconds(pid) - idle_before[name]) / idle_s for name, pid in procs.items()}
             cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+            split_before = {name: cpu_user_system(pid) for name, pid in procs.items()}
             requests_before = apiserver_requests(cluster)
             ext_before = extender_seconds(ext.url) if ext else {}
             t0 = time.monotonic()
@@ -195,6 +202,8 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                 time.sleep(0.25)
             settled = time.monotonic() - t0
             cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in procs.items()}
+            system_share = {name: round((cpu_user_system(pid)[1] - split_before[name][1]) / cpu[name], 3)
+                            for name, pid in procs.items() if cpu[name] > 0}
             state = cluster.control_plane.state  # read again: the scheduler was started since
             assert state is not None
             cpu["kube-scheduler"] = cpu_seconds(state.components["kube-scheduler"].pid)
@@ -207,6 +216,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                    "seconds_until_all_running": round(settled, 2),
                    "cpu_seconds_while_scheduling": {k: round(v, 2) for k, v in cpu.items()},
                    "cpu_ms_per_pod": {k: round(1000 * v / pods, 2) for k, v in cpu.items()},
+                   "system_cpu_share": system_share,  # of each component's CPU, the kernel's (kube-scheduler: none)
                    "idle_cpu_per_s": {k: round(v, 3) for k, v in idle.items()},
                    "cpu_ms_per_pod_above_idle": {k: round(1000 * (v - idle.get(k, 0.0) * settled) / pods, 2)
                                                  for k, v in cpu.items()},
