@@ -8,6 +8,9 @@ time. Three configurations:
   same_profile   the gpuaas profile (extender.schedconfig.gpuaas_profile: every node scored, the in-tree resource
                  scorers off) without the extender
   extender       the gpuaas profile calling the extender (filter, prioritize, bind), as deploy/ configures it
+and, asked for with `--configs default,same_profile,extender,floor`:
+  floor          the gpuaas profile calling bench/floor_extender.py as its binder: filter answers the first
+                 candidate alone, bind makes the Binding, nothing is decided (what the protocol itself costs here)
 `--repeats R` runs the three R times, interleaved (round r starts at configuration r mod 3, so none always runs first
 on a machine whose load drifts); pods/s and CPU per pod are the median over the rounds, the ratios are the median of
 the rounds' own ratios (each from runs next to each other) with their range.
@@ -20,6 +23,7 @@ the extender's watches), so that what a longer run costs just by lasting longer 
 /metrics), and the connections kube-scheduler opened and closed (sockets in TIME-WAIT, by the side that closed).
 Prints JSON.
 Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000] [--repeats 3]
+       python bench/scheduler_throughput.py --configs default,same_profile,extender,floor
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +44,10 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.extender_latency import wait_listening
 from extender.config import ENV_PREFIX
 from extender.schedconfig import extender_entries, gpuaas_profile
-from gpuaas.cluster.components import extender_process
+from gpuaas.cluster.components import REPO, extender_process
 from gpuaas.cluster.local import LocalCluster
 from gpuaas.cluster.process import free_port
 from gpuaas.workloads import gpu_pod
@@ -131,6 +137,9 @@ def time_wait(port: int) -> dict[str, int]:
 
 
 CONFIGS = ("default", "same_profile", "extender")
+# The same profile against bench/floor_extender.py as a binder: filter answers the first candidate alone, bind makes the
+# Binding, nothing is decided. What the extender protocol costs here, whoever implements it (--configs ...,floor).
+FLOOR = "floor"
 
 
 def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
@@ -140,7 +149,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
     (extender.schedconfig.cpu_pods_entry) beside the GPU pods' entry. `all_pods`: every pod through the GPU entry's
     filter, prioritize and bind instead (the other scheme). `cpu_share`: this fraction of the pods asks for no GPU
     (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment."""
-    with_extender = config == "extender"
+    with_extender = config in ("extender", FLOOR)
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
         port = free_port()
@@ -155,11 +164,18 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             profiles = [profile]
         cluster = LocalCluster(workdir, name="tput", extenders=extenders, scheduler_profiles=profiles)
         env = {f"{ENV_PREFIX}{k.upper()}": v for k, v in (o.split("=", 1) for o in extender_options or [])}
-        ext = extender_process(workdir, cluster.kubeconfig, port=port, env=env) if with_extender else None
+        ext = extender_process(workdir, cluster.kubeconfig, port=port, env=env) if config == "extender" else None
+        floor: subprocess.Popen | None = None
         try:
             cluster.up(parse_pool_spec(pools(nodes)), timeout=300)
             if ext:
                 ext.start(timeout=60)
+            if config == FLOOR:
+                floor = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_extender.py")),
+                                          "--port", str(port), "--kubeconfig", str(cluster.kubeconfig)],
+                                         stdout=(workdir / "floor.log").open("wb"), stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                wait_listening(port, floor)
             core = client.CoreV1Api(cluster.api)
             core.create_namespace({"metadata": {"name": "tput"}})
             cluster.control_plane.stop_scheduler()
@@ -181,6 +197,8 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             if ext:
                 assert ext.popen is not None, "started above"
                 procs["gpuaas-extender"] = ext.popen.pid
+            if floor:
+                procs["floor-extender"] = floor.pid
             time.sleep(3)  # the creations' watch events settle
             idle_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             time.sleep(idle_s)
@@ -232,6 +250,9 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
         finally:
             if ext:
                 ext.stop()
+            if floor:
+                floor.kill()
+                floor.wait(10)
             cluster.down()
 
 
@@ -259,6 +280,9 @@ def summary(runs: dict[str, list[dict]]) -> dict:
     out["ratio_to_same_profile"] = round_ratios(runs["extender"], runs["same_profile"])
     out["ratio_to_default"] = round_ratios(runs["extender"], runs["default"])
     out["same_profile_to_default"] = round_ratios(runs["same_profile"], runs["default"])
+    if FLOOR in runs:
+        out["floor_to_same_profile"] = round_ratios(runs[FLOOR], runs["same_profile"])
+        out["extender_to_floor"] = round_ratios(runs["extender"], runs[FLOOR])
     return out
 
 
@@ -301,7 +325,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three configurations, interleaved")
     parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help=f"which of {','.join(CONFIGS)} to run (the ratios need all three)")
+                        help=f"which of {','.join(CONFIGS)} to run (the ratios need all three), and {FLOOR}: the "
+                        "same profile against a do-nothing extender that binds")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--idle-s", type=float, default=5.0, help="the quiet window that measures idle CPU")
     parser.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
@@ -320,9 +345,9 @@ def main() -> None:
         print(json.dumps(cpu_pods_entry_comparison(args, common), indent=2))
         return
     configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if c not in (*CONFIGS, FLOOR)]
     if unknown or not configs:
-        parser.error(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
+        parser.error(f"--configs: unknown {unknown}; choose from {', '.join((*CONFIGS, FLOOR))}")
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     for r in range(args.repeats):
         for config in configs[r % len(configs):] + configs[:r % len(configs)]:
@@ -338,7 +363,7 @@ def main() -> None:
                            "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score or "100 (gpuaas profile)",
                            "extender_options": args.extender_option, "target_ratio_to_same_profile": 0.8,
                            "target_extender_cpu_ms_per_pod": 1.0, "runs": runs}
-    if set(configs) == set(CONFIGS):
+    if set(configs) >= set(CONFIGS):
         out["summary"] = summary(runs)
     print(json.dumps(out, indent=2))
 

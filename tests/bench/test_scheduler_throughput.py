@@ -1,0 +1,26 @@
+"""bench/scheduler_throughput.py on a small KWOK cluster: the gpuaas profile without an extender and against the floor
+extender that binds (filter answers one node, bind makes the Binding) place every pod, and each run reports every
+component's CPU."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_floor_extender_binds_every_pod_through_kube_scheduler():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "scheduler_throughput.py"), "--nodes", "12", "--pods",
+                          "24", "--repeats", "1", "--configs", "same_profile,floor", "--idle-s", "1"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    (floor,), (same,) = report["runs"]["floor"], report["runs"]["same_profile"]
+    for run in (floor, same):
+        assert run["pods"] == 24 and run["pods_per_second"] > 0  # the clock stops only once every pod is bound
+    assert floor["cpu_ms_per_pod"]["floor-extender"] > 0 and "floor-extender" not in same["cpu_ms_per_pod"]
+    assert floor["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # the floor made the Bindings
