@@ -85,16 +85,22 @@ def cpu_user_system(pid: int) -> tuple[float, float]:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
+SECONDS = "seconds:"  # apiserver_requests' keys for the time the apiserver took answering, by the same labels
+
+
 def apiserver_requests(cluster: LocalCluster) -> Counter:
-    """apiserver_request_total by verb/resource/subresource: where the apiserver's time goes."""
+    """apiserver_request_total by verb/resource/subresource: where the apiserver's time goes; and, under
+    SECONDS + the same key, the seconds it took answering them (apiserver_request_duration_seconds_sum)."""
     text = cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
     out: Counter[str] = Counter()
     for line in text.splitlines():
-        if line.startswith("apiserver_request_total{"):
-            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
-            key = "/".join(v.strip('"') for v in (labels.get("verb", ""), labels.get("resource", ""),
-                                                 labels.get("subresource", "")) if v.strip('"'))
-            out[key] += int(float(line.rsplit(" ", 1)[1]))  # a counter: whole requests
+        for metric, prefix in (("apiserver_request_total{", ""), ("apiserver_request_duration_seconds_sum{", SECONDS)):
+            if line.startswith(metric):
+                labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
+                key = "/".join(v.strip('"') for v in (labels.get("verb", ""), labels.get("resource", ""),
+                                                     labels.get("subresource", "")) if v.strip('"'))
+                value = float(line.rsplit(" ", 1)[1])
+                out[prefix + key] += value if prefix else int(value)  # requests are whole
     return out
 
 
@@ -227,7 +233,12 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             cpu["kube-scheduler"] = cpu_seconds(state.components["kube-scheduler"].pid)
             requests = apiserver_requests(cluster)
             requests.subtract(requests_before)
-            busiest = {k: int(v) for k, v in requests.most_common(10) if v > 0}
+            seconds = {k: v for k, v in requests.items() if k.startswith(SECONDS)}
+            counts = Counter({k: v for k, v in requests.items() if not k.startswith(SECONDS)})
+            busiest = {k: int(v) for k, v in counts.most_common(10) if v > 0}
+            # how long the apiserver took per request of each busy kind (a Binding is gpuaas's or kube-scheduler's)
+            answer_ms = {k: round(1000 * seconds[SECONDS + k] / v, 2) for k, v in busiest.items()
+                         if seconds.get(SECONDS + k)}
             out = {"config": config, "cpu_pods_entry": cpu_entry, "all_pods": all_pods, "nodes": nodes, "pods": pods,
                    "cpu_only_pods": sizes.count(0), "gpus_requested": sum(sizes),
                    "seconds": round(elapsed, 2), "pods_per_second": round(pods / elapsed, 1),
@@ -238,7 +249,8 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                    "idle_cpu_per_s": {k: round(v, 3) for k, v in idle.items()},
                    "cpu_ms_per_pod_above_idle": {k: round(1000 * (v - idle.get(k, 0.0) * settled) / pods, 2)
                                                  for k, v in cpu.items()},
-                   "apiserver_requests_while_scheduling": busiest}
+                   "apiserver_requests_while_scheduling": busiest,
+                   "apiserver_ms_per_request": answer_ms}
             if ext:
                 spent = {k: v - ext_before.get(k, 0.0) for k, v in extender_seconds(ext.url).items()}
                 out["extender_options"] = extender_options or []
