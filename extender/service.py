@@ -150,11 +150,10 @@ class ExtenderService:
             # kube-scheduler's own scores rank these nodes alike, so gpuaas's ranking decides: its pick alone is the
             # answer. With one feasible node kube-scheduler runs no score plugin and no prioritize, and the reasons
             # for the other nodes are read only when none is feasible, so they are left out.
-            scored = self._rank(args.Pod, demand, state, policy, verdict.feasible, verdict.feasible_rows,
-                                "filter")
-            if scored.pick is not None:
+            pick = self._decide(args.Pod, demand, state, policy, verdict.feasible, verdict.feasible_rows)
+            if pick is not None:
                 self.metrics.decision("filter", "decided").inc()
-                return filter_result(args, [scored.pick], {}, {})
+                return filter_result(args, [pick], {}, {})
         # kube-scheduler's prioritize for this pod follows with exactly the feasible names: keep their rows.
         self._last_filter = FilterMemo(args.Pod["metadata"].get("uid"), verdict.feasible, verdict.feasible_rows,
                                        state.version)
@@ -190,6 +189,18 @@ class ExtenderService:
         self.metrics.decision("prioritize", "scored").inc(len(scored.names))
         return scored
 
+    def _decide(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy,
+                names: list[str], rows: np.ndarray | None) -> str | None:
+        """filter's one node, with the GPUs held there: the pod's planned node when it is among the feasible ones
+        (what prioritize's steer ranks first), which needs no scores; else the policy's pick."""
+        planned = self.plan.node_of(pod_key(pod)) if self.plan is not None else None
+        if planned is not None and rows is not None and bool((rows == planned).any()):
+            self.metrics.decision("filter", "steered").inc()
+            pick = state.names[planned]
+            self._hold(pod, demand, state, policy, pick)
+            return pick
+        return self._rank(pod, demand, state, policy, names, rows, "filter").pick
+
     def _rank(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy, names: list[str],
               rows: np.ndarray | None, verb: str) -> verdicts.Priorities:
         """The policy's ranking of `names` (their model `rows` when known), steered to the pod's planned node, and
@@ -209,18 +220,24 @@ class ExtenderService:
                 if kept is not scored:
                     self.metrics.decision(verb, "kept-off-plan").inc()
                 scored = kept
-        pick, key = scored.pick, pod_key(pod)
-        if pick is not None and key not in self.view.pods:  # (a body naming a pod the watch shows bound: no hold)
-            # kube-scheduler binds in the background and scores the next pod at once: hold the GPUs on the node we
-            # expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess.
-            node = state.index[pick]
-            fresh = key not in self.view.assumed
-            self.view.assume(key, pick, demand, self._devices(pod, state, policy, demand, node))
-            if not demand.gpus and fresh:
-                # kube-scheduler binds it itself (the CPU-pod entry has no bind): from now on the plan's reserved
-                # model holds it too, so that the next pods asking for no GPU are judged beside it.
-                self._reserve_unplanned(key, node, demand, ())
+        if scored.pick is not None:
+            self._hold(pod, demand, state, policy, scored.pick)
         return scored
+
+    def _hold(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy, pick: str) -> None:
+        """kube-scheduler binds in the background and schedules the next pod at once: hold the GPUs on the node we
+        expect it to choose, as the scheduler's own cache assumes the pod there; bind corrects a wrong guess. (A body
+        naming a pod the watch shows bound: no hold.)"""
+        key = pod_key(pod)
+        if key in self.view.pods:
+            return
+        node = state.index[pick]
+        fresh = key not in self.view.assumed
+        self.view.assume(key, pick, demand, self._devices(pod, state, policy, demand, node))
+        if not demand.gpus and fresh:
+            # kube-scheduler binds it itself (the CPU-pod entry has no bind): from now on the plan's reserved model
+            # holds it too, so that the next pods asking for no GPU are judged beside it.
+            self._reserve_unplanned(key, node, demand, ())
 
     @staticmethod
     def _devices(pod: dict[str, Any], state: ClusterState, policy: Policy, demand: PodDemand,

@@ -22,7 +22,8 @@ TWO_NODES = {"pools": [{"name": "a", "count": 2, "gpu": {"model": "A100-80GB", "
 NAMES = ["a-0000", "a-0001"]
 
 
-def cluster(planning: QueuePlanning, pods: dict[str, dict[str, Any]], clock: Clock) -> ExtenderService:
+def cluster(planning: QueuePlanning, pods: dict[str, dict[str, Any]], clock: Clock, *,
+            decide_in_filter: bool = False) -> ExtenderService:
     view = ClusterView("first-fit", clock=clock)  # a policy blind to what comes next: the order decides
     for n in spec_node_objects(parse_pool_spec(TWO_NODES)):
         view.on_change("Node", None, n)
@@ -32,12 +33,13 @@ def cluster(planning: QueuePlanning, pods: dict[str, dict[str, Any]], clock: Clo
     async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
         return pods.get(f"{namespace}/{name}")
 
-    return ExtenderService(view, RecordingBinder(), Metrics(), lookup, queue_planning=planning)
+    return ExtenderService(view, RecordingBinder(), Metrics(), lookup, queue_planning=planning,
+                           decide_in_filter=decide_in_filter)
 
 
 def schedule(svc: ExtenderService, pods: dict[str, dict[str, Any]], order: list[str]) -> dict[str, str | None]:
-    """What kube-scheduler does per pod, in `order`: filter, prioritize, bind to the top-ranked node; then the watch
-    shows the pod bound. Returns the node per pod (None: no node fit)."""
+    """What kube-scheduler does per pod, in `order`: filter, prioritize (unless one node is left), bind to the
+    top-ranked node; then the watch shows the pod bound. Returns the node per pod (None: no node fit)."""
     out: dict[str, str | None] = {}
     for name in order:
         pod = pods[f"ml/{name}"]
@@ -45,7 +47,7 @@ def schedule(svc: ExtenderService, pods: dict[str, dict[str, Any]], order: list[
         if not fits:
             out[name] = None
             continue
-        node = svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=fits)).pick
+        node = fits[0] if len(fits) == 1 else svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=fits)).pick
         assert node is not None
         assert svc.view.waiting_count() == len(svc.view.waiting())  # the pod held: no longer waiting
         result = asyncio.run(svc.bind(ExtenderBindingArgs(PodName=name, PodNamespace="ml", PodUID=f"uid-{name}",
@@ -81,6 +83,16 @@ def test_a_burst_planned_jointly_places_every_pod_where_one_at_a_time_strands_gp
                  if s.labels.get("verb") == "prioritize" and s.name.endswith("_total")}
     # The last pod waits alone, below min_pods: no plan, ranked on its own (to the same node).
     assert decisions.get("steered") == 3
+
+    # Decided at filter: the planned node alone, no prioritize, the same placements.
+    pods = burst()
+    svc = cluster(QueuePlanning(min_pods=2, refresh_s=1000.0), pods, Clock(), decide_in_filter=True)
+    assert schedule(svc, pods, order) == jointly
+    decisions = {(s.labels["verb"], s.labels["outcome"]): s.value for s in svc.metrics.decisions.collect()[0].samples
+                 if s.name.endswith("_total")}
+    # (the last pod fits one node only: filter's answer is that node either way, nothing to decide)
+    assert decisions.get(("filter", "steered")) == 3 and decisions.get(("filter", "decided")) == 3
+    assert not decisions.get(("prioritize", "scored"))
 
 
 def test_a_pod_the_plan_left_out_is_held_back_until_it_has_waited_max_wait():
