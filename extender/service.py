@@ -321,8 +321,8 @@ class ExtenderService:
             self.metrics.decision("filter", "gpu-pod-skipped").inc()
         elif names and self._may_hold_for_plan(args.Pod):
             state, _ = self.view.snapshot()
-            if self.plan is not None and any(q.pinned is not None and k not in self.plan.planned
-                                             and k not in self.plan.left_out for k, q in self.view.queue.items()):
+            if self.plan is not None and any(k not in self.plan.planned and k not in self.plan.left_out
+                                             for k in self.view.pinned):
                 # A pod pinned since the plan was made (a DRA pod released onto its node, not bound yet): the plan
                 # takes it in now, not refresh_s later, or this pod could take its room meanwhile. (One the plan
                 # left out has been seen: it waits for the next update like any other.)

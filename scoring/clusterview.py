@@ -100,6 +100,7 @@ class ClusterView:
         self.policy: Policy | None = None
         self._dirty = True
         self.queue: dict[str, QueuedPod] = {}  # GPU pods waiting for a node (not bound, not finished), first seen
+        self.pinned: dict[str, None] = {}  # the keys in `queue` of pods pinned to a node (QueuedPod.pinned)
         self.recent: OrderedDict[str, PodDemand] = OrderedDict()
         self._demands: dict[bytes, PodDemand] = {}
         self._new_arrivals = 0
@@ -271,7 +272,7 @@ class ClusterView:
         if (pod is None or spec.get("nodeName") or spec.get("schedulingGates")
                 or (pod.get("metadata") or {}).get("deletionTimestamp")
                 or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
-            self.queue.pop(key, None)
+            self._dequeue(key)
             return
         queued = self.queue.get(key)
         if queued is not None and queued.release_order is None:  # (a gated pod's entry: it has just been released)
@@ -282,7 +283,7 @@ class ClusterView:
             return
         pinned = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
         if demand.gpus or (pinned and spec.get("resourceClaims")):
-            self.queue[key] = QueuedPod(key, demand, self.clock(), pinned)
+            self._enqueue(QueuedPod(key, demand, self.clock(), pinned))
 
     def _learn_claim(self, claim: Obj) -> None:
         shape = self.dra.pod_shape(claim, self.recent)
@@ -328,9 +329,20 @@ class ClusterView:
         current = self.queue.get(key)
         if entry is not None:
             if current is None or (current.pinned, current.release_order) != (entry.pinned, entry.release_order):
-                self.queue[key] = entry
+                self._enqueue(entry)
         elif current is not None and (key in self._gated_claims or current.demand.claims):
-            del self.queue[key]
+            self._dequeue(key)
+
+    def _enqueue(self, entry: QueuedPod) -> None:
+        self.queue[entry.key] = entry
+        if entry.pinned is not None:
+            self.pinned[entry.key] = None
+        else:
+            self.pinned.pop(entry.key, None)
+
+    def _dequeue(self, key: str) -> None:
+        self.queue.pop(key, None)
+        self.pinned.pop(key, None)
 
     def rows_by_hostname(self) -> dict[str, int]:
         """Model row of each node by its kubernetes.io/hostname label (what a pinning nodeSelector names)."""

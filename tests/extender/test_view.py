@@ -319,7 +319,7 @@ def test_gated_pods_are_not_queued_and_pinned_pods_are_queued_with_their_node():
     released = {**gated, "spec": {**gated["spec"], "schedulingGates": [],
                                   "nodeSelector": {"kubernetes.io/hostname": "a100-0001"}}}
     view.on_change("Pod", gated, released)
-    assert view.queue["ml/g"].pinned == "a100-0001"
+    assert view.queue["ml/g"].pinned == "a100-0001" and list(view.pinned) == ["ml/g"]
     view.snapshot()
     assert view.rows_by_hostname()["a100-0001"] == view.state.index["a100-0001"]
 

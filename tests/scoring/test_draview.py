@@ -176,14 +176,15 @@ def test_a_pod_held_for_its_claims_is_queued_as_its_claim_asks_until_allocated()
     pinned = view.queue["ml/p"]  # allocated: its claim holds the two GPUs, the pod waits with its CPU on that node
     assert (pinned.demand.gpus, pinned.demand.cpu_milli, pinned.pinned, pinned.release_order) == (0, 4000, "dra-0000",
                                                                                                   None)
+    assert list(view.pinned) == ["ml/p"]  # the queue's pinned pods, kept beside it
     view.on_change("ResourceClaim", held, claim)
-    assert "ml/p" in view.queue
+    assert "ml/p" in view.queue and not view.pinned
     released = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
     view.on_change("Pod", pod, released)
     assert "ml/p" not in view.queue
     view.on_change("Pod", released, pod)
     view.on_change("Pod", pod, None)
-    assert "ml/p" not in view.queue and not view._gated_claims and not view._claim_allocated
+    assert "ml/p" not in view.queue and not view._gated_claims and not view._claim_allocated and not view.pinned
 
 
 @pytest.mark.parametrize("claim_first", [False, True], ids=["pod-then-claim", "claim-then-pod"])
