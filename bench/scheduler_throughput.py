@@ -85,12 +85,12 @@ def cpu_user_system(pid: int) -> tuple[float, float]:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
-SECONDS = "seconds:"  # apiserver_requests' keys for the time the apiserver took answering, by the same labels
+SECONDS = "seconds:"  # apiserver_requests' keys for the time the apiserver took answering (in us), by the same labels
 
 
 def apiserver_requests(cluster: LocalCluster) -> Counter:
     """apiserver_request_total by verb/resource/subresource: where the apiserver's time goes; and, under
-    SECONDS + the same key, the seconds it took answering them (apiserver_request_duration_seconds_sum)."""
+    SECONDS + the same key, the microseconds it took answering them (apiserver_request_duration_seconds_sum)."""
     text = cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
     out: Counter[str] = Counter()
     for line in text.splitlines():
@@ -100,7 +100,7 @@ def apiserver_requests(cluster: LocalCluster) -> Counter:
                 key = "/".join(v.strip('"') for v in (labels.get("verb", ""), labels.get("resource", ""),
                                                      labels.get("subresource", "")) if v.strip('"'))
                 value = float(line.rsplit(" ", 1)[1])
-                out[prefix + key] += value if prefix else int(value)  # requests are whole
+                out[prefix + key] += int(value * 1e6) if prefix else int(value)  # microseconds; requests are whole
     return out
 
 
@@ -237,7 +237,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             counts = Counter({k: v for k, v in requests.items() if not k.startswith(SECONDS)})
             busiest = {k: int(v) for k, v in counts.most_common(10) if v > 0}
             # how long the apiserver took per request of each busy kind (a Binding is gpuaas's or kube-scheduler's)
-            answer_ms = {k: round(1000 * seconds[SECONDS + k] / v, 2) for k, v in busiest.items()
+            answer_ms = {k: round(seconds[SECONDS + k] / 1000 / v, 2) for k, v in busiest.items()
                          if seconds.get(SECONDS + k)}
             out = {"config": config, "cpu_pods_entry": cpu_entry, "all_pods": all_pods, "nodes": nodes, "pods": pods,
                    "cpu_only_pods": sizes.count(0), "gpus_requested": sum(sizes),
