@@ -211,7 +211,10 @@ class ClusterView:
                 and old["spec"]["nodeName"] == new["spec"]["nodeName"]
                 and _devices_note(old) == _devices_note(new)):
             return  # a status update (Running, conditions): nothing the model holds changed
-        terms = pod_terms(new) if new["spec"].get("affinity") else ()
+        try:
+            terms = pod_terms(new) if new["spec"].get("affinity") else ()
+        except (KeyError, TypeError, AttributeError):  # terms the apiserver would not have stored: none to weigh
+            terms = ()
         if terms:
             self.pod_terms[key] = terms
         else:

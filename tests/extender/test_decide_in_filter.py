@@ -126,3 +126,11 @@ def test_a_placed_pods_affinity_term_that_selects_the_pod_leaves_the_choice_to_k
     assert decided["NodeNames"] == [top(priorities)]
     decided, _, priorities = answers(pending("u", gpus=1), items)  # labels the term does not select
     assert decided["NodeNames"] == [top(priorities)]
+
+
+def test_a_placed_pod_with_an_unreadable_affinity_term_is_still_placed():
+    odd = preferring(pending("odd", gpus=1), {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"operator": "In"}]}, "topologyKey": "x"}]}})  # no key
+    decided, full, _ = answers(pending("p", gpus=8), nodes() + [bound(odd, "a100-0000", "0")])
+    assert "a100-0000" not in full["NodeNames"]  # its GPU is held: an 8-GPU pod no longer fits there
+    assert decided["NodeNames"] and decided["NodeNames"][0] != "a100-0000"
