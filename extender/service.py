@@ -164,18 +164,21 @@ class ExtenderService:
         the pod's preferences (scoring.constraints.score_preference), a feasible node's PreferNoSchedule taint it
         does not tolerate, or a placed pod's affinity term that selects it. Not checked: image locality, which can
         move a pod between nodes gpuaas ranks alike or a step apart; here gpuaas's ranking stands."""
-        reason = score_preference(pod)
-        if reason is not None:
-            return reason
-        if self.view.prefer_no_schedule:
-            tolerations = NodeConstraints.of(pod).tolerations
-            candidates = set(feasible_names)
-            for name, taints in self.view.prefer_no_schedule.items():
-                if name in candidates and prefers_against(tolerations, taints):
-                    return f"node {name} has a PreferNoSchedule taint the pod does not tolerate"
-        for key, terms in self.view.pod_terms.items():
-            if any(t.selects(pod) for t in terms):
-                return f"pod {key}'s affinity terms select it"
+        try:
+            reason = score_preference(pod)
+            if reason is not None:
+                return reason
+            if self.view.prefer_no_schedule:
+                tolerations = NodeConstraints.of(pod).tolerations
+                candidates = set(feasible_names)
+                for name, taints in self.view.prefer_no_schedule.items():
+                    if name in candidates and prefers_against(tolerations, taints):
+                        return f"node {name} has a PreferNoSchedule taint the pod does not tolerate"
+            for key, terms in self.view.pod_terms.items():
+                if any(t.selects(pod) for t in terms):
+                    return f"pod {key}'s affinity terms select it"
+        except ObjectError as err:
+            raise BadRequest(f"pod {pod_key(pod)}: {err}") from None
         return None
 
     def prioritize(self, args: ExtenderArgs) -> verdicts.Priorities:

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scoring.kubeobjects import _list, _map
+
 Expr = tuple[str, str, tuple[str, ...]]
 
 
@@ -32,7 +34,7 @@ class NodeConstraints:
                          + tuple((FIELD_PREFIX + e["key"], e["operator"], tuple(e.get("values") or ()))
                                  for e in t.get("matchFields") or ()) for t in terms)
         tols = tuple((t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", ""))
-                     for t in spec.get("tolerations") or ())
+                     for t in _objects(spec.get("tolerations"), "spec.tolerations"))
         return cls(tuple(sorted((spec.get("nodeSelector") or {}).items())), affinity, tols)
 
 
@@ -154,7 +156,7 @@ class PodTerm:
         meta = pod.get("metadata") or {}
         if self.namespaces is not None and meta.get("namespace", "default") not in self.namespaces:
             return False
-        return matches(dict(self.match_labels), self.expressions, meta.get("labels") or {})
+        return matches(dict(self.match_labels), self.expressions, _map(meta.get("labels"), "metadata.labels"))
 
 
 def score_preference(pod: Mapping[str, Any]) -> str | None:
@@ -162,24 +164,30 @@ def score_preference(pod: Mapping[str, Any]) -> str | None:
     preferred node affinity, preferred pod (anti-)affinity, a ScheduleAnyway spread constraint or, stating none,
     the default spreading of a ReplicaSet's, StatefulSet's or ReplicationController's pods, and DRA claims
     (DynamicResources scores prioritized lists). A pod that only a Service selects is spread by default too: not
-    seen here."""
-    spec = pod.get("spec") or {}
-    affinity = spec.get("affinity") or {}
-    if (affinity.get("nodeAffinity") or {}).get("preferredDuringSchedulingIgnoredDuringExecution"):
-        return "preferred node affinity"
-    for kind in ("podAffinity", "podAntiAffinity"):
-        if (affinity.get(kind) or {}).get("preferredDuringSchedulingIgnoredDuringExecution"):
+    seen here. Raises ObjectError naming a field that is not the object or list the API defines."""
+    spec = _map(pod.get("spec"), "spec")
+    affinity = _map(spec.get("affinity"), "spec.affinity")
+    for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+        if _map(affinity.get(kind), f"spec.affinity.{kind}").get("preferredDuringSchedulingIgnoredDuringExecution"):
             return f"preferred {kind}"
-    spread = spec.get("topologySpreadConstraints") or ()
+    spread = _objects(spec.get("topologySpreadConstraints"), "spec.topologySpreadConstraints")
     if any(c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in spread):
         return "a ScheduleAnyway topology spread constraint"
     if not spread:
-        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        for owner in _objects(_map(pod.get("metadata"), "metadata").get("ownerReferences"),
+                              "metadata.ownerReferences"):
             if owner.get("kind") in DEFAULT_SPREAD_OWNERS:
                 return f"default topology spreading (owned by a {owner['kind']})"
     if spec.get("resourceClaims"):
         return "DRA claims"
     return None
+
+
+def _objects(value: Any, what: str) -> list[Mapping[str, Any]]:
+    items = _list(value, what)
+    for i, item in enumerate(items):
+        _map(item, f"{what}[{i}]")
+    return items
 
 
 def pod_terms(pod: Mapping[str, Any]) -> tuple[PodTerm, ...]:

@@ -134,3 +134,25 @@ def test_a_placed_pod_with_an_unreadable_affinity_term_is_still_placed():
     decided, full, _ = answers(pending("p", gpus=8), nodes() + [bound(odd, "a100-0000", "0")])
     assert "a100-0000" not in full["NodeNames"]  # its GPU is held: an 8-GPU pod no longer fits there
     assert decided["NodeNames"] and decided["NodeNames"][0] != "a100-0000"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("topologySpreadConstraints", ["z"], "spec.topologySpreadConstraints[0]: must be an object, got str"),
+    ("affinity", {"podAntiAffinity": 3}, "spec.affinity.podAntiAffinity: must be an object, got int"),
+    ("tolerations", "t", "spec.tolerations: must be a list, got str"),
+])
+def test_a_pod_whose_preferences_cannot_be_read_gets_a_400_naming_the_field(field, value, message):
+    items = tainted(nodes(), "h100-0001", ("spot", "PreferNoSchedule"))  # so that the tolerations are read
+    pod = pending("p", gpus=1)
+    pod["spec"][field] = value
+
+    async def go():
+        async with TestClient(TestServer(snapshot_app(ExtenderConfig(), items))) as c:
+            resp = await c.post("/filter", data=json.dumps({"Pod": pod, "NodeNames": names()}),
+                                headers={"Content-Type": "application/json"})
+            good = await c.post("/filter", data=json.dumps({"Pod": pending("q", gpus=1), "NodeNames": names()}),
+                                headers={"Content-Type": "application/json"})
+            return resp.status, await resp.json(), good.status
+
+    status, body, after = asyncio.run(go())
+    assert (status, after) == (400, 200) and body["error"] == f"pod ml/p: {message}"
