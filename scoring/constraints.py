@@ -2,7 +2,9 @@
 matchFields on metadata.name) and taints/tolerations, as kube-scheduler's NodeAffinity and TaintToleration filters
 judge them. The scoring model knows GPUs, CPU and memory only; the node scaler's what-if adds these so that it never
 plans a pod onto a node (or a node group) the scheduler would refuse it, and the extender's bind refuses what the
-scheduler's filters would have refused (`bind_refusal`). Pure.
+scheduler's filters would have refused (`bind_refusal`). Also what kube-scheduler's own score plugins would weigh
+between nodes for a pod (`score_preference`, `pod_terms`, `prefers_against`): where they weigh nothing, the extender
+decides at filter. Pure.
 """
 from __future__ import annotations
 
