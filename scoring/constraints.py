@@ -31,13 +31,16 @@ class NodeConstraints:
         terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
                   .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ())
         # matchFields (only metadata.name exists) become expressions on a key no label can have (labels need a name).
-        affinity = tuple(tuple((e["key"], e["operator"], tuple(e.get("values") or ()))
-                               for e in t.get("matchExpressions") or ())
-                         + tuple((FIELD_PREFIX + e["key"], e["operator"], tuple(e.get("values") or ()))
-                                 for e in t.get("matchFields") or ()) for t in terms)
+        affinity = tuple(_expressions(t.get("matchExpressions")) + _expressions(t.get("matchFields"), FIELD_PREFIX)
+                         for t in terms)
         tols = tuple((t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", ""))
                      for t in _objects(spec.get("tolerations"), "spec.tolerations"))
         return cls(tuple(sorted((spec.get("nodeSelector") or {}).items())), affinity, tols)
+
+
+def _expressions(items: Sequence[Mapping[str, Any]] | None, prefix: str = "") -> tuple[Expr, ...]:
+    """Selector requirements (matchExpressions, matchFields) as (key, operator, values), keys after `prefix`."""
+    return tuple((prefix + e["key"], e["operator"], tuple(e.get("values") or ())) for e in items or ())
 
 
 Taint = tuple[str, str, str]  # (key, value, effect)
@@ -211,8 +214,7 @@ def pod_terms(pod: Mapping[str, Any]) -> tuple[PodTerm, ...]:
             continue
         namespaces = None if t.get("namespaceSelector") is not None else tuple(t.get("namespaces") or (own,))
         terms.append(PodTerm(namespaces, tuple(sorted((selector.get("matchLabels") or {}).items())),
-                             tuple((e["key"], e["operator"], tuple(e.get("values") or ()))
-                                   for e in selector.get("matchExpressions") or ())))
+                             _expressions(selector.get("matchExpressions"))))
     return tuple(terms)
 
 
