@@ -2,7 +2,8 @@
 
 It lists (recording the list's resourceVersion), then watches from there with bookmarks; on `410 Gone` or any broken
 watch it lists again, replacing its store, so it never misses a change for long. `synced` is set after the first
-complete list. Every change is also handed to `on_change(kind, old, new)`.
+complete list. Every change is also handed to `on_change(kind, old, new)`. Objects are stored and handed on without
+their `metadata.managedFields` (`trim`).
 
 Watch events are newline-delimited JSON, one object per line. The body is read in chunks and split here, with a
 bound of `MAX_EVENT_BYTES` (16 MiB) per line: aiohttp's own line reader stops at 512 KiB, which made every update of a
@@ -89,6 +90,17 @@ class Readiness:
     @property
     def text(self) -> str:
         return "ok" if self.ok else "not ready: " + "; ".join(self.why)
+
+
+def trim(obj: Obj) -> Obj:
+    """The object as the store keeps it: without `metadata.managedFields`, which nothing here reads (server-side
+    apply's bookkeeping: a third or more of a pod's JSON, and its most numerous small objects). kube-scheduler's pod
+    informer drops them for the same reason (pkg/scheduler/scheduler.go, newPodInformer): memory, and here also the
+    cyclic garbage collector's passes over every stored object."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 def object_key(obj: Obj) -> str:
@@ -186,7 +198,7 @@ class Informer:
                 resp.raise_for_status()
                 body = orjson.loads(await resp.read())
             for item in body.get("items") or ():
-                items[object_key(item)] = item
+                items[object_key(item)] = trim(item)
             cont = body.get("metadata", {}).get("continue")
             if not cont:
                 break
@@ -233,7 +245,7 @@ class Informer:
             self.resource_version = obj["metadata"]["resourceVersion"]
             if kind == "BOOKMARK":
                 continue
-            key = object_key(obj)
+            key = object_key(trim(obj))
             prev = self.store.get(key)
             if kind == "DELETED":
                 self.store.pop(key, None)

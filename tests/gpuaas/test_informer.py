@@ -113,6 +113,40 @@ def test_a_pod_update_with_a_1_mib_annotation_reaches_the_model_without_a_relist
         [(None, "1"), ("1", "2")]  # the list's add, then the watch's update with the old object
 
 
+def test_listed_and_watched_objects_are_stored_and_handed_on_without_managed_fields():
+    # Server-side apply's bookkeeping is a third or more of a pod's JSON and nothing reads it: the store (memory, and
+    # the garbage collector's passes over it) and the handlers get the objects without it, as kube-scheduler's do.
+    fields = [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+               "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}}}]
+
+    def managed(obj: dict) -> dict:
+        obj["metadata"]["managedFields"] = fields
+        return obj
+
+    fake = FakeApiserver([managed(pod("p", "1")), pod("q", "1")],
+                         [{"type": "MODIFIED", "object": managed(pod("p", "2"))},
+                          {"type": "ADDED", "object": managed(pod("r", "3"))}])
+    seen: list[dict] = []
+    arrived = asyncio.Event()
+
+    def on_change(kind, old, new):
+        seen.extend(o for o in (old, new) if o is not None)
+        if new and new["metadata"]["name"] == "r":
+            arrived.set()
+
+    async def go():
+        async def done(_inf):
+            await arrived.wait()
+        return await informed(fake, done, on_change=on_change)
+
+    inf = run(go())
+    assert arrived.is_set(), f"the events never arrived: {inf.relists} lists, {inf.errors} errors"
+    assert sorted(inf.store) == ["ml/p", "ml/q", "ml/r"]
+    assert inf.store["ml/p"]["metadata"]["resourceVersion"] == "2"
+    assert len(seen) == 5  # p and q listed, p's update (old and new), r added
+    assert [o for o in [*inf.store.values(), *seen] if "managedFields" in o["metadata"]] == []
+
+
 def test_an_event_over_the_bound_ends_the_watch_with_an_error_that_names_it_and_relists():
     fake = FakeApiserver([pod("p", "1")], [{"type": "MODIFIED", "object": pod("p", "2", {"big": "x" * 4096})}],
                          write_bytes=1000)
