@@ -6,6 +6,8 @@ per-dimension rules below, so what the filter refuses and what the explanation s
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -26,27 +28,36 @@ DRA_NODE = ("node's GPUs are DRA devices (ResourceSlices), given to ResourceClai
 PLUGIN_NODE = ("node's GPUs are the device plugin's extended resources: a pod asking through ResourceClaims is "
                "allocated DRA devices only")
 
-# -- the rules, as bool[N] over every node -----------------------------------------------------------------------------
+# -- the rules, as bool[N] over every node, or bool[len(rows)] over the model rows given ----------------------------
 
-def cpu_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
-    return state.cpu_left >= pod.cpu_milli
-
-
-def memory_fits(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
-    return state.mem_left >= pod.memory_mib
+Rows = NDArray[np.int64] | None  # model rows to judge; None: every node
 
 
-def devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
+def _at(values: np.ndarray, rows: Rows) -> np.ndarray:
+    return values if rows is None else values[rows]
+
+
+def cpu_fits(state: ClusterState, pod: PodDemand, rows: Rows = None) -> NDArray[np.bool_]:
+    fits: NDArray[np.bool_] = _at(state.cpu_left, rows) >= pod.cpu_milli
+    return fits
+
+
+def memory_fits(state: ClusterState, pod: PodDemand, rows: Rows = None) -> NDArray[np.bool_]:
+    fits: NDArray[np.bool_] = _at(state.mem_left, rows) >= pod.memory_mib
+    return fits
+
+
+def devices_fit(state: ClusterState, pod: PodDemand, rows: Rows = None) -> NDArray[np.bool_]:
     """`_devices_fit` on the nodes whose GPUs reach the pod the way it asks (scoring.model, "Channels"): DRA nodes for
     a pod asking through claims, the others for extended resources."""
-    fits = _devices_fit(state, pod)
+    fits = _devices_fit(state, pod, rows)
     if state.any_dra or pod.claims:
-        ours: NDArray[np.bool_] = fits & (state.dra_rows == pod.claims)
+        ours: NDArray[np.bool_] = fits & (_at(state.dra_rows, rows) == pod.claims)
         return ours
     return fits
 
 
-def _devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
+def _devices_fit(state: ClusterState, pod: PodDemand, rows: Rows = None) -> NDArray[np.bool_]:
     """Free devices of the kind the pod asks (a free MIG instance of its profile, a GPU with its share free, or that
     many nvidia.com/gpu devices: wholly free GPUs, or free replicas on a time-sliced node), whatever the GPU model.
     A GPU share gpuaas accounts fits only the nodes that can give one (`ClusterState.share_nodes`: not time-sliced,
@@ -54,14 +65,15 @@ def _devices_fit(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
     if pod.mig_profile:
         col = state.mig_pos.get(pod.mig_profile)
         if col is None:  # no GPU of the cluster has that profile
-            return np.zeros(len(state), dtype=bool)
-        return any_per_row(state.mig_free[:, :, col] > 0)
+            return np.zeros(len(state) if rows is None else len(rows), dtype=bool)
+        return any_per_row(_at(state.mig_free[:, :, col], rows) > 0)
+    gpu_left = _at(state.gpu_left, rows)
     if not pod.takes_replicas:
-        fits = any_per_row(state.gpu_left >= pod.gpu_milli)
-        return fits if state.all_share_nodes else fits & state.share_nodes
+        fits = any_per_row(gpu_left >= pod.gpu_milli)
+        return fits if state.all_share_nodes else fits & _at(state.share_nodes, rows)
     if state.any_time_sliced:
-        return state.free_replicas() >= pod.gpus
-    return count_per_row(state.gpu_left == MILLI) >= pod.gpus
+        return state.free_replicas(rows) >= pod.gpus
+    return count_per_row(gpu_left == MILLI) >= pod.gpus
 
 
 def shares_refused(pod: PodDemand) -> bool:
@@ -134,15 +146,15 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
             for n in present(gpus[few]):
                 mark(few & (gpus == n), f"pod asks for {pod.gpus} GPUs, the node has {n}")
     resolvable = len(messages)
-    mark(~cpu_fits(state, pod)[rows], f"insufficient cpu ({pod.cpu_milli}m requested)")
-    mark(~memory_fits(state, pod)[rows], f"insufficient memory ({pod.memory_mib}Mi requested)")
+    mark(~_judged(cpu_fits, state, pod, rows), f"insufficient cpu ({pod.cpu_milli}m requested)")
+    mark(~_judged(memory_fits, state, pod, rows), f"insufficient memory ({pod.memory_mib}Mi requested)")
     if pod.gpus:
-        fits = devices_fit(state, pod)[rows]
+        fits = _judged(devices_fit, state, pod, rows)
         if pod.mig_profile:
             mark(~fits, f"no free MIG instance {pod.mig_profile}")
         elif not pod.takes_replicas:
             mark(~fits, f"no GPU with {pod.gpu_milli}/1000 free")
-        else:
+        elif not fits.all():  # the words of a shortage, only where there is one
             if sliced is not None:
                 free = state.free_replicas(rows)
                 short = ~fits & sliced
@@ -154,6 +166,15 @@ def misfit_reasons(state: ClusterState, pod: PodDemand, rows: np.ndarray) -> tup
             for n in present(whole_free[~fits]):
                 mark(~fits & (whole_free == n), f"insufficient whole GPUs: {n} free, {pod.gpus} requested")
     return code, messages, resolvable
+
+
+def _judged(rule: Callable[[ClusterState, PodDemand, Rows], NDArray[np.bool_]], state: ClusterState, pod: PodDemand,
+            rows: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """A rule's answer for `rows`: judged on those rows alone when they are few (bind's one node, a plan's update),
+    else on every node and then gathered, which costs less than copying the [rows, G] arrays of most of the cluster."""
+    if len(rows) * 8 < len(state):
+        return rule(state, pod, rows)
+    return rule(state, pod, None)[rows]
 
 
 def misfit_reason(state: ClusterState, pod: PodDemand, node: int) -> str | None:
