@@ -39,9 +39,11 @@ def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
 
 
 def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
-                 unreadable: dict[str, str] | None = None) -> FilterVerdict:
+                 unreadable: dict[str, str] | None = None, rows: np.ndarray | None = None) -> FilterVerdict:
+    """`rows`: the names' model rows (node_indices) when the caller has them already."""
     verdict = FilterVerdict()
-    rows = node_indices(state, names)
+    if rows is None:
+        rows = node_indices(state, names)
     known = rows >= 0
     if known.all():
         code, messages, resolvable = misfit_reasons(state, pod, rows)

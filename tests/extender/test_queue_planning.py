@@ -4,6 +4,8 @@ planned pods from pods the plan left out."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import random
 from typing import Any
 
 from extender.metrics import Metrics
@@ -192,3 +194,64 @@ def test_pods_asking_for_no_gpu_keep_off_the_room_planned_for_waiting_gpu_pods()
     assert verdict.NodeNames == ["a-0001"] and verdict.FailedNodes == {"a-0000": HELD_FOR_PLAN}
     wall.t = created + svc.queue_planning.max_wait_s
     assert svc.filter(ExtenderArgs(Pod=etl, NodeNames=NAMES)).NodeNames == NAMES
+
+
+async def lookup(pods: dict[str, dict[str, Any]], namespace: str, name: str) -> dict[str, Any] | None:
+    return pods.get(f"{namespace}/{name}")
+
+
+def test_a_planned_pod_is_steered_at_filter_without_judging_every_node_to_the_same_node_and_gpus():
+    # filter answers a planned pod with its planned node after checking that node alone (ExtenderService._steer);
+    # judging every candidate first, as filter does for other pods, must give the same nodes and GPUs.
+    rng = random.Random(7)
+    spec = parse_pool_spec({"pools": [
+        {"name": "a", "count": 6, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "64", "memory": "512Gi"},
+        {"name": "h", "count": 6, "gpu": {"model": "H100-80GB", "count": 8}, "cpu": "64", "memory": "512Gi"}]})
+    names = [n["metadata"]["name"] for n in spec_node_objects(spec)]
+    shapes = [rng.choice((1, 1, 2, 4)) for _ in range(40)]  # ~80 GPUs asked of 96
+    order = rng.sample(range(40), 40)  # kube-scheduler's order, not the plan's
+    outcomes = []
+    for steer in (True, False):
+        view = ClusterView("gpuaas", clock=Clock())
+        for n in spec_node_objects(spec):
+            view.on_change("Node", None, n)
+        pods = {f"ml/p{i:02d}": pending(f"p{i:02d}", gpus=g, cpu="1", memory="1Gi") for i, g in enumerate(shapes)}
+        for p in pods.values():
+            view.on_change("Pod", None, p)
+
+        svc = ExtenderService(view, RecordingBinder(), Metrics(), functools.partial(lookup, pods),
+                              decide_in_filter=True,
+                              queue_planning=QueuePlanning(min_pods=16, refresh_s=1000.0))
+        if not steer:
+            svc._steer = lambda *args: None  # type: ignore[method-assign]
+        placed = []
+        for step, i in enumerate(order):
+            pod = pods[f"ml/p{i:02d}"]
+            if step == 10 and svc.plan is not None:
+                # Another scheduler's pod lands on the node planned for a pod still to come, taking its free GPUs.
+                later = next(k for k in (f"ml/p{j:02d}" for j in order[step:]) if svc.plan.node_of(k) is not None)
+                row = svc.plan.node_of(later)
+                state, _ = view.snapshot()
+                free = [str(g) for g in range(8) if state.gpu_left[row, g] == 1000]
+                other = bound(pending("other", gpus=len(free), cpu="1", memory="1Gi"), state.names[row], ",".join(free))
+                view.on_change("Pod", None, other)
+            # kube-scheduler's own filters leave out a node now and then (its NodeResourcesFit, a taint)
+            sent = [n for n in names if n != names[step % len(names)]] if step % 3 == 0 else names
+            fits = svc.filter(ExtenderArgs(Pod=pod, NodeNames=sent)).NodeNames
+            if not fits:
+                placed.append((i, None, None))
+                continue
+            node = fits[0] if len(fits) == 1 else svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=fits)).pick
+            assert node is not None
+            assert asyncio.run(svc.bind(ExtenderBindingArgs(PodName=f"p{i:02d}", PodNamespace="ml",
+                                                            PodUID=f"uid-p{i:02d}", Node=node))).Error == ""
+            devices = binder_calls(svc)[-1][2]["gpuaas.io/devices"]
+            view.on_change("Pod", pod, bound(pod, node, devices))
+            placed.append((i, node, devices))
+        steered = sum(s.value for s in svc.metrics.decisions.collect()[0].samples
+                      if s.name.endswith("_total") and s.labels == {"verb": "filter", "outcome": "steered"})
+        outcomes.append((placed, steered))
+    (fast, steered_fast), (judged, steered_judged) = outcomes
+    assert fast == judged
+    assert sum(node is not None for _, node, _ in fast) >= 30
+    assert steered_fast == steered_judged and steered_fast >= 16  # the same pods steered, by either path

@@ -8,8 +8,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from extender.config import ExtenderConfig
-from extender.server import load_snapshot, snapshot_app
+from extender.server import SERVICE, load_snapshot, snapshot_app
 from extender.wire import HostPriority
+from runtime.pools import parse_pool_spec, spec_node_objects
 
 from .fixtures import bound, names, nodes, pending
 
@@ -260,6 +261,30 @@ def test_a_few_unknown_nodes_fail_alone():
     status, body = run(go())
     assert status == 200 and body["NodeNames"] == ["a100-0000"]
     assert "not (yet) in gpuaas's cache" in body["FailedNodes"]["new-node"]
+
+
+def test_the_same_node_list_again_is_judged_on_the_nodes_known_now():
+    # filter keeps the last list's model rows for the next pod (kube-scheduler sends the same list pod after pod): a
+    # node the watch delivers in between must count, and a node it removes must not.
+    extra = spec_node_objects(parse_pool_spec({"pools": [
+        {"name": "new", "count": 1, "gpu": {"model": "A100-80GB", "count": 8}, "cpu": "128", "memory": "1Ti"}]}))[0]
+    listed = ["a100-0000", extra["metadata"]["name"]]
+
+    async def go():
+        async with client(decide_in_filter=False) as c:
+            view = c.server.app[SERVICE].view
+            first = await post(c, "/filter", {"Pod": pending("p", gpus=1), "NodeNames": listed})
+            view.on_change("Node", None, extra)
+            second = await post(c, "/filter", {"Pod": pending("q", gpus=1), "NodeNames": listed})
+            view.on_change("Node", view.nodes["a100-0000"], None)
+            third = await post(c, "/filter", {"Pod": pending("r", gpus=1), "NodeNames": listed})
+            return first, second, third
+
+    (s1, first), (s2, second), (s3, third) = run(go())
+    assert (s1, s2, s3) == (200, 200, 200)
+    assert first["NodeNames"] == ["a100-0000"] and "not (yet)" in first["FailedNodes"][listed[1]]
+    assert second["NodeNames"] == listed and second["FailedNodes"] == {}
+    assert third["NodeNames"] == [listed[1]] and "not (yet)" in third["FailedNodes"]["a100-0000"]
 
 
 def test_ten_megabyte_body_is_refused_with_413():
