@@ -6,6 +6,9 @@ from typing import Protocol
 from urllib.parse import quote
 
 import aiohttp
+import orjson
+
+JSON_BODY = {"Content-Type": "application/json"}  # the body is encoded with orjson, not aiohttp's json.dumps
 
 
 class BindError(RuntimeError):
@@ -30,7 +33,8 @@ class ApiBinder:
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        async with self.session.post(pod_path(namespace, name, "binding"), json=body) as resp:
+        async with self.session.post(pod_path(namespace, name, "binding"), data=orjson.dumps(body),
+                                     headers=JSON_BODY) as resp:
             if resp.status >= 300:
                 detail = (await resp.json(content_type=None) or {}).get("message", resp.reason)
                 raise BindError(f"binding {namespace}/{name} to {node}: HTTP {resp.status}: {detail}")

@@ -1,10 +1,11 @@
 """Structured logs for the long-running components: one JSON object per line, `extra=` fields included."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
+
+import orjson
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -16,7 +17,7 @@ class JsonFormatter(logging.Formatter):
         out.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return orjson.dumps(out, default=str).decode()  # (a line per binding: orjson at a fifth of json's cost)
 
 
 def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
