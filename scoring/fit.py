@@ -83,12 +83,14 @@ def shares_refused(pod: PodDemand) -> bool:
     return bool(pod.gpus) and not pod.mig_profile and not pod.takes_replicas
 
 
-def feasible(state: ClusterState, pod: PodDemand) -> NDArray[np.bool_]:
-    """bool[N]: the pod fits on the node now (CPU, memory, GPU model, GPUs/share/MIG instance)."""
-    ok = cpu_fits(state, pod) & memory_fits(state, pod)
+def feasible(state: ClusterState, pod: PodDemand, rows: Rows = None) -> NDArray[np.bool_]:
+    """bool[N] (bool[len(rows)] for `rows`): the pod fits on the node now (CPU, memory, GPU model, GPUs/share/MIG
+    instance)."""
+    ok = cpu_fits(state, pod, rows) & memory_fits(state, pod, rows)
     if pod.gpus == 0:
         return ok
-    return ok & state.model_allowed(pod) & devices_fit(state, pod)
+    fits: NDArray[np.bool_] = ok & _at(state.model_allowed(pod), rows) & devices_fit(state, pod, rows)
+    return fits
 
 
 # -- the words ---------------------------------------------------------------------------------------------------------

@@ -101,6 +101,9 @@ class Policy(Protocol):
     the state through `observe(node)`, which the caller invokes after every change to that node."""
 
     name: str
+    # A node's score depends on that node's row and the policy's tables alone (not on the other rows, the mask or a
+    # random draw): a Placer may then score again only the rows that changed (Placer(incremental=True)).
+    rowwise_scores: bool
 
     def score(self, state: ClusterState, pod: PodDemand, mask: np.ndarray) -> np.ndarray: ...
 
@@ -120,6 +123,7 @@ class Policy(Protocol):
 
 class _Base:
     name = "base"
+    rowwise_scores = False
 
     def __init__(self, state: ClusterState, workload: Workload | None = None, rng: np.random.Generator | None = None):
         self.state = state
@@ -227,6 +231,7 @@ class FgdPolicy(_Base):
     one is both the node's score and the GPU used (lowest index on ties); whole GPUs take the first free ones."""
 
     name = "fgd"
+    rowwise_scores = True  # (GpuaasPolicy's terms too: each reads the node's row, the index's row and constants)
 
     def __init__(self, state: ClusterState, workload: Workload | None = None,
                  rng: np.random.Generator | None = None) -> None:

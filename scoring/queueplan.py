@@ -103,7 +103,7 @@ def plan_queue(state: ClusterState, policy: str, workload: Workload | None, queu
     node (`QueuedPod.pinned`, a hostname: `rows_by_hostname` finds its row) go first, and on that node only: they
     have no other choice, and the room they will take is not promised to another pod."""
     reserved = state.copy()
-    placer = Placer(reserved, make_policy(policy, reserved, workload))
+    placer = Placer(reserved, make_policy(policy, reserved, workload), incremental=True)
     plan = QueuePlan(reserved=reserved, made_at=now, placer=placer, full_size=len(queue))
     _place_pods(plan, queue, now=now, max_wait_s=max_wait_s, window=window, rows_by_hostname=rows_by_hostname)
     return plan
