@@ -21,9 +21,13 @@ CPU per pod of each component: its user + system CPU from the scheduler's start 
 the extender's watches), so that what a longer run costs just by lasting longer can be told apart
 (`cpu_ms_per_pod_above_idle`). For the extender also: its time per verb and in joint queue planning (its
 /metrics), and the connections kube-scheduler opened and closed (sockets in TIME-WAIT, by the side that closed).
+`--cpu-split`: also where the extender's CPU went per pod (bench/cpu_split/sitecustomize.py, thread CPU time around
+filter, its queue planning, bind's renew, request validation, reply encoding, watch decoding and handling, log lines
+and garbage collection; `other` is the rest: HTTP server and client, event loop, bind's bookkeeping).
 Prints JSON.
 Usage: python bench/scheduler_throughput.py [--nodes 1000] [--pods 3000] [--repeats 3]
        python bench/scheduler_throughput.py --configs default,same_profile,extender,floor
+       python bench/scheduler_throughput.py --configs extender --repeats 1 --cpu-split
 """
 from __future__ import annotations
 
@@ -150,11 +154,13 @@ FLOOR = "floor"
 
 def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             sample_percent: int | None = None, *, cpu_entry: bool = False, all_pods: bool = False,
-            cpu_share: float = 0.0, idle_s: float = 5.0, extender_options: list[str] | None = None) -> dict:
+            cpu_share: float = 0.0, idle_s: float = 5.0, extender_options: list[str] | None = None,
+            cpu_split: bool = False) -> dict:
     """`config`: one of CONFIGS. `cpu_entry`: with the CPU-pod entry as deploy/ ships it
     (extender.schedconfig.cpu_pods_entry) beside the GPU pods' entry. `all_pods`: every pod through the GPU entry's
     filter, prioritize and bind instead (the other scheme). `cpu_share`: this fraction of the pods asks for no GPU
-    (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment."""
+    (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment. `cpu_split`:
+    where the extender's CPU went (bench/cpu_split), in ms per pod."""
     with_extender = config in ("extender", FLOOR)
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
@@ -170,6 +176,9 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             profiles = [profile]
         cluster = LocalCluster(workdir, name="tput", extenders=extenders, scheduler_profiles=profiles)
         env = {f"{ENV_PREFIX}{k.upper()}": v for k, v in (o.split("=", 1) for o in extender_options or [])}
+        split_file = workdir / "cpu-split.json"
+        if cpu_split:
+            env[CPU_SPLIT_ENV] = str(split_file)
         ext = extender_process(workdir, cluster.kubeconfig, port=port, env=env) if config == "extender" else None
         floor: subprocess.Popen | None = None
         try:
@@ -258,14 +267,35 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                                               if k.endswith("_s")}
                 out["extender_calls"] = {k[:-6]: int(v) for k, v in sorted(spent.items()) if k.endswith("_calls")}
                 out["extender_connections"] = time_wait(port)
+                if cpu_split:  # written as the extender exits
+                    ext.stop()
+                    out["extender_cpu_split_ms_per_pod"] = read_cpu_split(split_file, pods)
             return out
         finally:
             if ext:
-                ext.stop()
+                ext.stop()  # (terminate() does nothing to a process already gone)
             if floor:
                 floor.kill()
                 floor.wait(10)
             cluster.down()
+
+
+CPU_SPLIT_ENV = "GPUAAS_CPU_SPLIT"  # read by bench/cpu_split/sitecustomize.py in the extender process
+
+
+def read_cpu_split(path: Path, pods: int) -> dict[str, Any]:
+    """bench/cpu_split's totals per pod (ms): each wrapped part (without the wrapped parts inside it: `filter`
+    without its queue planning), and `other`, what the parts leave of the process's CPU since the first filter (HTTP
+    server and client, event loop, bind)."""
+    try:
+        seconds = json.loads(path.read_text())["seconds"]
+    except (OSError, ValueError, KeyError) as err:
+        return {"error": f"{path}: {err}"}
+    process = seconds.pop("process", 0.0)
+    parts = dict(seconds)
+    parts["other"] = process - sum(seconds.values())
+    parts["total"] = process
+    return {k: round(1000 * v / pods, 3) for k, v in sorted(parts.items())}
 
 
 def median(xs: list[float]) -> float:
@@ -347,12 +377,20 @@ def main() -> None:
                         help="fraction of the pods that ask for no GPU (default 0: GPU pods only)")
     parser.add_argument("--extender-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an extender setting (e.g. queue_planning_min_pods=0), passed in its environment")
+    parser.add_argument("--cpu-split", action="store_true",
+                        help="also say where the extender's CPU went, per pod (bench/cpu_split: filter, its queue "
+                             "planning, bind's renew, request validation, reply encoding, watch decoding and "
+                             "handling, log lines, garbage collection, and the rest)")
     parser.add_argument("--cpu-pods-entry", action="store_true",
                         help="instead: the extender with the GPU entry alone, with the CPU-pod entry (as deploy/ "
                              "ships it) and with every pod through the GPU entry (all_pods), same pods, --repeats "
                              "rounds interleaved; ratio_cpu_pods_entry and ratio_all_pods are to the first")
     args = parser.parse_args()
-    common = {"cpu_share": args.cpu_only_share, "idle_s": args.idle_s}
+    common: dict[str, Any] = {"cpu_share": args.cpu_only_share, "idle_s": args.idle_s}
+    if args.cpu_split:  # the extender process loads bench/cpu_split/sitecustomize.py (PYTHONPATH goes to children)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(Path(__file__).with_name("cpu_split")), os.environ.get("PYTHONPATH", "")) if p)
+        common["cpu_split"] = True
     if args.cpu_pods_entry:
         print(json.dumps(cpu_pods_entry_comparison(args, common), indent=2))
         return

@@ -24,3 +24,19 @@ def test_the_floor_extender_binds_every_pod_through_kube_scheduler():
         assert run["pods"] == 24 and run["pods_per_second"] > 0  # the clock stops only once every pod is bound
     assert floor["cpu_ms_per_pod"]["floor-extender"] > 0 and "floor-extender" not in same["cpu_ms_per_pod"]
     assert floor["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # the floor made the Bindings
+
+
+def test_cpu_split_says_where_the_extenders_cpu_went():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "scheduler_throughput.py"), "--nodes", "12", "--pods",
+                          "24", "--repeats", "1", "--configs", "extender", "--idle-s", "1", "--cpu-split"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = json.loads(out.stdout)["runs"]["extender"]
+    split = run["extender_cpu_split_ms_per_pod"]
+    assert "error" not in split, split
+    # Every pod went through filter and its watch events were decoded and handled; bind renewed each hold.
+    for part in ("filter", "request.validate", "reply.encode", "watch.decode", "watch.on_change", "bind.renew"):
+        assert split[part] > 0, (part, split)
+    parts = sum(v for k, v in split.items() if k not in ("total", "other"))
+    assert abs(parts + split["other"] - split["total"]) < 0.01 and split["other"] > 0
