@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -87,17 +88,15 @@ async def informed(fake: FakeApiserver, done, **kwargs) -> Informer:
         return inf
 
 
-def test_a_pod_update_with_a_1_mib_annotation_reaches_the_model_without_a_relist():
-    # aiohttp's line reader stopped at 512 KiB ("Line is too long"): the watch broke and the informer relisted, and
-    # the update never arrived. 1 MiB of annotation, sent in 64 KiB writes, must arrive as one MODIFIED event.
-    big = "x" * MiB
-    fake = FakeApiserver([pod("p", "1")], [{"type": "MODIFIED", "object": pod("p", "2", {"big": big})}])
+def watch_until(fake: FakeApiserver, last: Callable[[dict], bool]) -> tuple[Informer, list, bool]:
+    """Run an informer against `fake` until it hands on an object for which `last` holds: the informer, every
+    (old, new) it handed on, and whether that object arrived."""
     seen: list[tuple[dict | None, dict | None]] = []
     arrived = asyncio.Event()
 
     def on_change(kind, old, new):
         seen.append((old, new))
-        if new and new["metadata"]["resourceVersion"] == "2":
+        if new and last(new):
             arrived.set()
 
     async def go():
@@ -106,7 +105,16 @@ def test_a_pod_update_with_a_1_mib_annotation_reaches_the_model_without_a_relist
         return await informed(fake, done, on_change=on_change)
 
     inf = run(go())
-    assert arrived.is_set(), f"the update never arrived: {inf.relists} lists, {inf.errors} errors"
+    return inf, seen, arrived.is_set()
+
+
+def test_a_pod_update_with_a_1_mib_annotation_reaches_the_model_without_a_relist():
+    # aiohttp's line reader stopped at 512 KiB ("Line is too long"): the watch broke and the informer relisted, and
+    # the update never arrived. 1 MiB of annotation, sent in 64 KiB writes, must arrive as one MODIFIED event.
+    big = "x" * MiB
+    fake = FakeApiserver([pod("p", "1")], [{"type": "MODIFIED", "object": pod("p", "2", {"big": big})}])
+    inf, seen, arrived = watch_until(fake, lambda new: new["metadata"]["resourceVersion"] == "2")
+    assert arrived, f"the update never arrived: {inf.relists} lists, {inf.errors} errors"
     assert (inf.relists, inf.errors, fake.lists["pods"]) == (1, 0, 1)
     assert inf.store["ml/p"]["metadata"]["annotations"]["big"] == big
     assert [(o and o["metadata"]["resourceVersion"], n["metadata"]["resourceVersion"]) for o, n in seen] == \
@@ -126,21 +134,9 @@ def test_listed_and_watched_objects_are_stored_and_handed_on_without_managed_fie
     fake = FakeApiserver([managed(pod("p", "1")), pod("q", "1")],
                          [{"type": "MODIFIED", "object": managed(pod("p", "2"))},
                           {"type": "ADDED", "object": managed(pod("r", "3"))}])
-    seen: list[dict] = []
-    arrived = asyncio.Event()
-
-    def on_change(kind, old, new):
-        seen.extend(o for o in (old, new) if o is not None)
-        if new and new["metadata"]["name"] == "r":
-            arrived.set()
-
-    async def go():
-        async def done(_inf):
-            await arrived.wait()
-        return await informed(fake, done, on_change=on_change)
-
-    inf = run(go())
-    assert arrived.is_set(), f"the events never arrived: {inf.relists} lists, {inf.errors} errors"
+    inf, changes, arrived = watch_until(fake, lambda new: new["metadata"]["name"] == "r")
+    assert arrived, f"the events never arrived: {inf.relists} lists, {inf.errors} errors"
+    seen = [o for change in changes for o in change if o is not None]
     assert sorted(inf.store) == ["ml/p", "ml/q", "ml/r"]
     assert inf.store["ml/p"]["metadata"]["resourceVersion"] == "2"
     assert len(seen) == 5  # p and q listed, p's update (old and new), r added
