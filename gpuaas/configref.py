@@ -297,6 +297,9 @@ OTHER_ENVIRONMENT = (
      "where the control-plane binaries are; `scripts/setup.sh` writes them to `$GPUAAS_CACHE/env`, and variables "
      "of the same names override that file"),
     ("GPUAAS_VENV", "`scripts/setup.sh`", "written to `$GPUAAS_CACHE/env`: the Python environment setup made"),
+    ("GPUAAS_CPU_SPLIT", "`bench/cpu_split/sitecustomize.py`, in the extender process of "
+     "`bench/scheduler_throughput.py --cpu-split`", "the file the extender writes its CPU per part to at exit; the "
+     "benchmark sets it (not for production)"),
     ("POD_NAME", "`gpuaas nodescaler`, `gpuaas gangs`", "leader-election identity (plus a random suffix); the "
      "Deployment sets it from `metadata.name`; else the hostname"),
 )
