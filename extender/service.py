@@ -77,19 +77,6 @@ class FilterMemo:
         return self.rows if (uid, version, names) == (self.uid, self.version, self.names) else None
 
 
-@dataclass(frozen=True)
-class Candidates:
-    """A filter's candidate names as sent, each once, and their model rows (-1: unknown), kept for the next filter:
-    in a burst kube-scheduler sends the same list pod after pod (its own filters drop a node only as it fills), and
-    comparing a thousand names costs a fraction of mapping them again. Valid while the rows are numbered the same
-    (ClusterView.rows_version)."""
-
-    sent: list[str]
-    names: list[str]
-    rows: np.ndarray
-    rows_version: int
-
-
 def filter_result(args: ExtenderArgs, feasible: list[str], failed: dict[str, str],
                   unresolvable: dict[str, str]) -> ExtenderFilterResult:
     """A filter verb's answer in the form the request came in: names with a node cache, else the full Node objects
@@ -122,7 +109,6 @@ class ExtenderService:
         self.metrics = metrics
         self.pod_lookup = pod_lookup
         self._last_filter: FilterMemo | None = None
-        self._last_candidates: Candidates | None = None
 
     def _demand(self, pod: dict[str, Any]) -> PodDemand:
         try:
@@ -145,8 +131,8 @@ class ExtenderService:
         steered = self._steer(args, demand, state, policy, plan, key)
         if steered is not None:
             return filter_result(args, [steered], {}, {})
-        names, rows = self._candidates(args, state)
-        verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes, rows)
+        names = args.node_names()
+        verdict = verdicts.filter_nodes(state, demand, names, self.view.bad_nodes)
         # A pod the plan left out, or one it does not place (asking for no GPU: a burst's CPU-only pods, with
         # all_pods, for a bounded time as the CPU-pods entry holds them), may not take the room promised to the
         # planned pods.
@@ -196,21 +182,10 @@ class ExtenderService:
         self.metrics.decision("filter", "feasible").inc()
         return pick
 
-    def _candidates(self, args: ExtenderArgs, state: ClusterState) -> tuple[list[str], np.ndarray]:
-        """The candidate names, each once, and their model rows: the last filter's when the same list was sent."""
-        sent, last, version = args.NodeNames, self._last_candidates, self.view.rows_version
-        if sent is not None and last is not None and last.rows_version == version and last.sent == sent:
-            return last.names, last.rows
-        names = args.node_names()
-        rows = verdicts.node_indices(state, names)
-        rows.flags.writeable = False  # shared with the next filters
-        if sent is not None:
-            self._last_candidates = Candidates(sent, names, rows, version)
-        return names, rows
-
-    def _scheduler_weighs(self, pod: dict[str, Any], feasible_names: list[str]) -> str | None:
-        """What kube-scheduler's own score plugins would weigh between the feasible nodes for this pod, or None:
-        the pod's preferences (scoring.constraints.score_preference), a feasible node's PreferNoSchedule taint it
+    def _scheduler_weighs(self, pod: dict[str, Any], candidates: list[str]) -> str | None:
+        """What kube-scheduler's own score plugins would weigh between the `candidates` for this pod (the feasible
+        nodes, or a superset of them, which can only say so more often), or None: the pod's preferences
+        (scoring.constraints.score_preference), a candidate's PreferNoSchedule taint it
         does not tolerate, or a placed pod's affinity term that selects it. Not checked: image locality, which can
         move a pod between nodes gpuaas ranks alike or a step apart; here gpuaas's ranking stands."""
         try:
@@ -219,9 +194,9 @@ class ExtenderService:
                 return reason
             if self.view.prefer_no_schedule:
                 tolerations = NodeConstraints.of(pod).tolerations
-                candidates = set(feasible_names)
+                named = set(candidates)
                 for name, taints in self.view.prefer_no_schedule.items():
-                    if name in candidates and prefers_against(tolerations, taints):
+                    if name in named and prefers_against(tolerations, taints):
                         return f"node {name} has a PreferNoSchedule taint the pod does not tolerate"
             for key, terms in self.view.pod_terms.items():
                 if any(t.selects(pod) for t in terms):
@@ -243,14 +218,8 @@ class ExtenderService:
 
     def _decide(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy,
                 names: list[str], rows: np.ndarray | None) -> str | None:
-        """filter's one node, with the GPUs held there: the pod's planned node when it is among the feasible ones
-        (what prioritize's steer ranks first), which needs no scores; else the policy's pick."""
-        planned = self.plan.node_of(pod_key(pod)) if self.plan is not None else None
-        if planned is not None and rows is not None and bool((rows == planned).any()):
-            self.metrics.decision("filter", "steered").inc()
-            pick = state.names[planned]
-            self._hold(pod, demand, state, policy, pick)
-            return pick
+        """filter's one node, with the GPUs held there: the policy's pick, steered to the pod's planned node where it
+        is feasible (a planned pod whose planned node _steer could take without scores does not get here)."""
         return self._rank(pod, demand, state, policy, names, rows, "filter").pick
 
     def _rank(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy, names: list[str],

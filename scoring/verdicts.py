@@ -39,11 +39,9 @@ def node_indices(state: ClusterState, names: list[str]) -> np.ndarray:
 
 
 def filter_nodes(state: ClusterState, pod: PodDemand, names: list[str],
-                 unreadable: dict[str, str] | None = None, rows: np.ndarray | None = None) -> FilterVerdict:
-    """`rows`: the names' model rows (node_indices) when the caller has them already."""
+                 unreadable: dict[str, str] | None = None) -> FilterVerdict:
     verdict = FilterVerdict()
-    if rows is None:
-        rows = node_indices(state, names)
+    rows = node_indices(state, names)
     known = rows >= 0
     if known.all():
         code, messages, resolvable = misfit_reasons(state, pod, rows)
