@@ -8,9 +8,11 @@ time. Three configurations:
   same_profile   the gpuaas profile (extender.schedconfig.gpuaas_profile: every node scored, the in-tree resource
                  scorers off) without the extender
   extender       the gpuaas profile calling the extender (filter, prioritize, bind), as deploy/ configures it
-and, asked for with `--configs default,same_profile,extender,floor`:
+and, asked for with `--configs default,same_profile,extender,floor,floor_watching`:
   floor          the gpuaas profile calling bench/floor_extender.py as its binder: filter answers the first
                  candidate alone, bind makes the Binding, nothing is decided (what the protocol itself costs here)
+  floor_watching the floor also keeping the extender's two watches (nodes and pods, JSON, decoded and stored, no
+                 model): what the watches cost the apiserver and the extender
 `--repeats R` runs the three R times, interleaved (round r starts at configuration r mod 3, so none always runs first
 on a machine whose load drifts); pods/s and CPU per pod are the median over the rounds, the ratios are the median of
 the rounds' own ratios (each from runs next to each other) with their range.
@@ -92,6 +94,11 @@ def cpu_user_system(pid: int) -> tuple[float, float]:
 SECONDS = "seconds:"  # apiserver_requests' keys for the time the apiserver took answering (in us), by the same labels
 
 
+def metric_labels(line: str) -> dict[str, str]:
+    """A Prometheus text line's labels, values still quoted."""
+    return dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
+
+
 def apiserver_requests(cluster: LocalCluster) -> Counter:
     """apiserver_request_total by verb/resource/subresource: where the apiserver's time goes; and, under
     SECONDS + the same key, the microseconds it took answering them (apiserver_request_duration_seconds_sum)."""
@@ -100,12 +107,27 @@ def apiserver_requests(cluster: LocalCluster) -> Counter:
     for line in text.splitlines():
         for metric, prefix in (("apiserver_request_total{", ""), ("apiserver_request_duration_seconds_sum{", SECONDS)):
             if line.startswith(metric):
-                labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
+                labels = metric_labels(line)
                 key = "/".join(v.strip('"') for v in (labels.get("verb", ""), labels.get("resource", ""),
                                                      labels.get("subresource", "")) if v.strip('"'))
                 value = float(line.rsplit(" ", 1)[1])
                 out[prefix + key] += int(value * 1e6) if prefix else int(value)  # microseconds; requests are whole
     return out
+
+
+WATCHED = ("nodes", "pods", "resourceclaims", "resourceslices")  # what the extender watches (extender/server.py)
+
+
+def apiserver_watches(cluster: LocalCluster) -> dict[str, int]:
+    """The watches open on the apiserver now, of the resources the extender watches (apiserver_longrunning_requests,
+    verb WATCH, any client's): how many watchers each change is sent to."""
+    text = cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line:
+            labels = metric_labels(line)
+            out[labels.get("resource", "").strip('"')] += int(float(line.rsplit(" ", 1)[1]))
+    return {k: out[k] for k in WATCHED}
 
 
 def extender_seconds(url: str) -> dict[str, float]:
@@ -150,6 +172,8 @@ CONFIGS = ("default", "same_profile", "extender")
 # The same profile against bench/floor_extender.py as a binder: filter answers the first candidate alone, bind makes the
 # Binding, nothing is decided. What the extender protocol costs here, whoever implements it (--configs ...,floor).
 FLOOR = "floor"
+FLOOR_WATCHING = "floor_watching"  # the floor with the extender's watches, nothing decided with them (--watch)
+FLOORS = (FLOOR, FLOOR_WATCHING)
 
 
 def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
@@ -161,7 +185,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
     filter, prioritize and bind instead (the other scheme). `cpu_share`: this fraction of the pods asks for no GPU
     (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment. `cpu_split`:
     where the extender's CPU went (bench/cpu_split), in ms per pod."""
-    with_extender = config in ("extender", FLOOR)
+    with_extender = config in ("extender", *FLOORS)
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
         port = free_port()
@@ -185,9 +209,10 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             cluster.up(parse_pool_spec(pools(nodes)), timeout=300)
             if ext:
                 ext.start(timeout=60)
-            if config == FLOOR:
+            if config in FLOORS:
                 floor = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_extender.py")),
-                                          "--port", str(port), "--kubeconfig", str(cluster.kubeconfig)],
+                                          "--port", str(port), "--kubeconfig", str(cluster.kubeconfig),
+                                          *(["--watch"] if config == FLOOR_WATCHING else [])],
                                          stdout=(workdir / "floor.log").open("wb"), stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONPATH": str(REPO)})
                 wait_listening(port, floor)
@@ -259,7 +284,8 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                    "cpu_ms_per_pod_above_idle": {k: round(1000 * (v - idle.get(k, 0.0) * settled) / pods, 2)
                                                  for k, v in cpu.items()},
                    "apiserver_requests_while_scheduling": busiest,
-                   "apiserver_ms_per_request": answer_ms}
+                   "apiserver_ms_per_request": answer_ms,
+                   "apiserver_watches": apiserver_watches(cluster)}
             if ext:
                 spent = {k: v - ext_before.get(k, 0.0) for k, v in extender_seconds(ext.url).items()}
                 out["extender_options"] = extender_options or []
@@ -302,6 +328,13 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
+# The ratios summary() prints where both configurations ran: (name, configuration, to).
+RATIOS = (("ratio_to_same_profile", "extender", "same_profile"), ("ratio_to_default", "extender", "default"),
+          ("same_profile_to_default", "same_profile", "default"), ("floor_to_same_profile", FLOOR, "same_profile"),
+          ("extender_to_floor", "extender", FLOOR), ("floor_watching_to_floor", FLOOR_WATCHING, FLOOR),
+          ("extender_to_floor_watching", "extender", FLOOR_WATCHING))
+
+
 def summary(runs: dict[str, list[dict]]) -> dict:
     """Medians over the rounds per configuration; ratios per round (runs next to each other), their median and
     range."""
@@ -319,13 +352,11 @@ def summary(runs: dict[str, list[dict]]) -> dict:
             keys = sorted({k for r in rs for k in r["extender_ms_per_pod"]})
             out[config]["extender_ms_per_pod"] = {k: median([r["extender_ms_per_pod"].get(k, 0.0) for r in rs])
                                                   for k in keys}
-    out["ratio_to_same_profile"] = round_ratios(runs["extender"], runs["same_profile"])
-    out["ratio_to_default"] = round_ratios(runs["extender"], runs["default"])
-    out["same_profile_to_default"] = round_ratios(runs["same_profile"], runs["default"])
-    if FLOOR in runs:
-        out["floor_to_same_profile"] = round_ratios(runs[FLOOR], runs["same_profile"])
-        out["extender_to_floor"] = round_ratios(runs["extender"], runs[FLOOR])
+    for name, config, to in RATIOS:
+        if config in runs and to in runs:
+            out[name] = round_ratios(runs[config], runs[to])
     return out
+
 
 
 def round_ratios(runs: list[dict], to: list[dict]) -> dict:
@@ -367,8 +398,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three configurations, interleaved")
     parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help=f"which of {','.join(CONFIGS)} to run (the ratios need all three), and {FLOOR}: the "
-                        "same profile against a do-nothing extender that binds")
+                        help=f"which of {','.join(CONFIGS)} to run, and {FLOOR}: the same profile against a "
+                        f"do-nothing extender that binds, {FLOOR_WATCHING}: that extender also keeping the "
+                        "extender's two watches (ratios are printed for the pairs that ran)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--idle-s", type=float, default=5.0, help="the quiet window that measures idle CPU")
     parser.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
@@ -395,9 +427,9 @@ def main() -> None:
         print(json.dumps(cpu_pods_entry_comparison(args, common), indent=2))
         return
     configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in (*CONFIGS, FLOOR)]
+    unknown = [c for c in configs if c not in (*CONFIGS, *FLOORS)]
     if unknown or not configs:
-        parser.error(f"--configs: unknown {unknown}; choose from {', '.join((*CONFIGS, FLOOR))}")
+        parser.error(f"--configs: unknown {unknown}; choose from {', '.join((*CONFIGS, *FLOORS))}")
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     for r in range(args.repeats):
         for config in configs[r % len(configs):] + configs[:r % len(configs)]:
@@ -413,8 +445,7 @@ def main() -> None:
                            "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score or "100 (gpuaas profile)",
                            "extender_options": args.extender_option, "target_ratio_to_same_profile": 0.8,
                            "target_extender_cpu_ms_per_pod": 1.0, "runs": runs}
-    if set(configs) >= set(CONFIGS):
-        out["summary"] = summary(runs)
+    out["summary"] = summary(runs)
     print(json.dumps(out, indent=2))
 
 

@@ -14,16 +14,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_floor_extender_binds_every_pod_through_kube_scheduler():
     out = subprocess.run([sys.executable, str(REPO / "bench" / "scheduler_throughput.py"), "--nodes", "12", "--pods",
-                          "24", "--repeats", "1", "--configs", "same_profile,floor", "--idle-s", "1"],
+                          "24", "--repeats", "1", "--configs", "same_profile,floor,floor_watching", "--idle-s", "1"],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    (floor,), (same,) = report["runs"]["floor"], report["runs"]["same_profile"]
-    for run in (floor, same):
+    (floor,), (same,), (watching,) = (report["runs"][c] for c in ("floor", "same_profile", "floor_watching"))
+    for run in (floor, same, watching):
         assert run["pods"] == 24 and run["pods_per_second"] > 0  # the clock stops only once every pod is bound
-    assert floor["cpu_ms_per_pod"]["floor-extender"] > 0 and "floor-extender" not in same["cpu_ms_per_pod"]
-    assert floor["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # the floor made the Bindings
+    for run in (floor, watching):
+        assert run["cpu_ms_per_pod"]["floor-extender"] > 0
+        assert run["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # the floor made the Bindings
+    assert "floor-extender" not in same["cpu_ms_per_pod"]
+    # floor_watching holds the extender's two watches on top of what the floor's cluster has open.
+    for resource in ("nodes", "pods"):
+        assert watching["apiserver_watches"][resource] >= floor["apiserver_watches"].get(resource, 0) + 1, resource
+    assert set(report["summary"]) >= {"floor_to_same_profile", "floor_watching_to_floor"}
 
 
 def test_cpu_split_says_where_the_extenders_cpu_went():
