@@ -23,6 +23,8 @@ CPU per pod of each component: its user + system CPU from the scheduler's start 
 the extender's watches), so that what a longer run costs just by lasting longer can be told apart
 (`cpu_ms_per_pod_above_idle`). For the extender also: its time per verb and in joint queue planning (its
 /metrics), and the connections kube-scheduler opened and closed (sockets in TIME-WAIT, by the side that closed).
+`--extender-cpu N`: the extender (gpuaas's or a floor) alone on CPU N and every other component on the remaining
+CPUs, as deployed with cores of its own; the same profile then runs on those remaining CPUs alone.
 `--cpu-split`: also where the extender's CPU went per pod (bench/cpu_split/sitecustomize.py, thread CPU time around
 filter, its queue planning, bind's renew, request validation, reply encoding, watch decoding and handling, log lines
 and garbage collection; `other` is the rest: HTTP server and client, event loop, bind's bookkeeping).
@@ -130,6 +132,12 @@ def apiserver_watches(cluster: LocalCluster) -> dict[str, int]:
     return {k: out[k] for k in WATCHED}
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Move a process, every thread it has (those it starts later inherit it), to `cpus`."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
 def extender_seconds(url: str) -> dict[str, float]:
     """Seconds the extender spent per verb and in queue planning, and requests per verb (its /metrics)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
@@ -179,12 +187,13 @@ FLOORS = (FLOOR, FLOOR_WATCHING)
 def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             sample_percent: int | None = None, *, cpu_entry: bool = False, all_pods: bool = False,
             cpu_share: float = 0.0, idle_s: float = 5.0, extender_options: list[str] | None = None,
-            cpu_split: bool = False) -> dict:
+            cpu_split: bool = False, extender_cpu: int | None = None) -> dict:
     """`config`: one of CONFIGS. `cpu_entry`: with the CPU-pod entry as deploy/ ships it
     (extender.schedconfig.cpu_pods_entry) beside the GPU pods' entry. `all_pods`: every pod through the GPU entry's
     filter, prioritize and bind instead (the other scheme). `cpu_share`: this fraction of the pods asks for no GPU
     (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment. `cpu_split`:
-    where the extender's CPU went (bench/cpu_split), in ms per pod."""
+    where the extender's CPU went (bench/cpu_split), in ms per pod. `extender_cpu`: the CPU the extender process is
+    moved to once started (main() keeps this process and so every other component off it)."""
     with_extender = config in ("extender", *FLOORS)
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
@@ -216,6 +225,9 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                                          stdout=(workdir / "floor.log").open("wb"), stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONPATH": str(REPO)})
                 wait_listening(port, floor)
+            extender_pid = ext.popen.pid if ext and ext.popen else floor.pid if floor else None
+            if extender_cpu is not None and extender_pid is not None:
+                pin(extender_pid, {extender_cpu})
             core = client.CoreV1Api(cluster.api)
             core.create_namespace({"metadata": {"name": "tput"}})
             cluster.control_plane.stop_scheduler()
@@ -285,7 +297,9 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                                                  for k, v in cpu.items()},
                    "apiserver_requests_while_scheduling": busiest,
                    "apiserver_ms_per_request": answer_ms,
-                   "apiserver_watches": apiserver_watches(cluster)}
+                   "apiserver_watches": apiserver_watches(cluster),
+                   "cpus": {"extender": sorted(os.sched_getaffinity(extender_pid)) if extender_pid else [],
+                            "the_others": sorted(os.sched_getaffinity(0))}}
             if ext:
                 spent = {k: v - ext_before.get(k, 0.0) for k, v in extender_seconds(ext.url).items()}
                 out["extender_options"] = extender_options or []
@@ -409,6 +423,9 @@ def main() -> None:
                         help="fraction of the pods that ask for no GPU (default 0: GPU pods only)")
     parser.add_argument("--extender-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an extender setting (e.g. queue_planning_min_pods=0), passed in its environment")
+    parser.add_argument("--extender-cpu", type=int, metavar="N",
+                        help="run the extender alone on CPU N and every other component on the other CPUs (as "
+                             "deployed with cores of its own)")
     parser.add_argument("--cpu-split", action="store_true",
                         help="also say where the extender's CPU went, per pod (bench/cpu_split: filter, its queue "
                              "planning, bind's renew, request validation, reply encoding, watch decoding and "
@@ -419,6 +436,13 @@ def main() -> None:
                              "rounds interleaved; ratio_cpu_pods_entry and ratio_all_pods are to the first")
     args = parser.parse_args()
     common: dict[str, Any] = {"cpu_share": args.cpu_only_share, "idle_s": args.idle_s}
+    if args.extender_cpu is not None:
+        cpus = os.sched_getaffinity(0)
+        if args.extender_cpu not in cpus or len(cpus) < 2:
+            parser.error(f"--extender-cpu {args.extender_cpu}: this process may run on CPUs {sorted(cpus)}; the "
+                         "extender needs one of them and the other components at least one more")
+        os.sched_setaffinity(0, cpus - {args.extender_cpu})  # inherited by every component started from here
+        common["extender_cpu"] = args.extender_cpu
     if args.cpu_split:  # the extender process loads bench/cpu_split/sitecustomize.py (PYTHONPATH goes to children)
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(Path(__file__).with_name("cpu_split")), os.environ.get("PYTHONPATH", "")) if p)
