@@ -101,10 +101,15 @@ def metric_labels(line: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
 
 
-def apiserver_requests(cluster: LocalCluster) -> Counter:
-    """apiserver_request_total by verb/resource/subresource: where the apiserver's time goes; and, under
-    SECONDS + the same key, the microseconds it took answering them (apiserver_request_duration_seconds_sum)."""
-    text = cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
+def apiserver_metrics(cluster: LocalCluster) -> str:
+    """The apiserver's /metrics, in Prometheus text format."""
+    return cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
+
+
+def apiserver_requests(text: str) -> Counter:
+    """apiserver_request_total by verb/resource/subresource (`text`: apiserver_metrics): where the apiserver's time
+    goes; and, under SECONDS + the same key, the microseconds it took answering them
+    (apiserver_request_duration_seconds_sum)."""
     out: Counter[str] = Counter()
     for line in text.splitlines():
         for metric, prefix in (("apiserver_request_total{", ""), ("apiserver_request_duration_seconds_sum{", SECONDS)):
@@ -120,10 +125,9 @@ def apiserver_requests(cluster: LocalCluster) -> Counter:
 WATCHED = ("nodes", "pods", "resourceclaims", "resourceslices")  # what the extender watches (extender/server.py)
 
 
-def apiserver_watches(cluster: LocalCluster) -> dict[str, int]:
-    """The watches open on the apiserver now, of the resources the extender watches (apiserver_longrunning_requests,
-    verb WATCH, any client's): how many watchers each change is sent to."""
-    text = cluster.control_plane.kubectl("get", "--raw", "/metrics").stdout
+def apiserver_watches(text: str) -> dict[str, int]:
+    """The watches open on the apiserver (`text`: apiserver_metrics), of the resources the extender watches
+    (apiserver_longrunning_requests, verb WATCH, any client's): how many watchers each change is sent to."""
     out: Counter[str] = Counter()
     for line in text.splitlines():
         if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line:
@@ -257,7 +261,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             idle = {name: (cpu_seconds(pid) - idle_before[name]) / idle_s for name, pid in procs.items()}
             cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             split_before = {name: cpu_user_system(pid) for name, pid in procs.items()}
-            requests_before = apiserver_requests(cluster)
+            requests_before = apiserver_requests(apiserver_metrics(cluster))
             ext_before = extender_seconds(ext.url) if ext else {}
             t0 = time.monotonic()
             cluster.control_plane.start_scheduler()
@@ -277,7 +281,8 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             state = cluster.control_plane.state  # read again: the scheduler was started since
             assert state is not None
             cpu["kube-scheduler"] = cpu_seconds(state.components["kube-scheduler"].pid)
-            requests = apiserver_requests(cluster)
+            metrics_after = apiserver_metrics(cluster)
+            requests = apiserver_requests(metrics_after)
             requests.subtract(requests_before)
             seconds = {k: v for k, v in requests.items() if k.startswith(SECONDS)}
             counts = Counter({k: v for k, v in requests.items() if not k.startswith(SECONDS)})
@@ -297,7 +302,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                                                  for k, v in cpu.items()},
                    "apiserver_requests_while_scheduling": busiest,
                    "apiserver_ms_per_request": answer_ms,
-                   "apiserver_watches": apiserver_watches(cluster),
+                   "apiserver_watches": apiserver_watches(metrics_after),
                    "cpus": {"extender": sorted(os.sched_getaffinity(extender_pid)) if extender_pid else [],
                             "the_others": sorted(os.sched_getaffinity(0))}}
             if ext:

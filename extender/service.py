@@ -150,10 +150,11 @@ class ExtenderService:
         log.debug("filter", extra={"pod": demand.name, "candidates": len(names), "feasible": len(verdict.feasible)})
         if self.decide_in_filter and demand.gpus and len(verdict.feasible) > 1 and \
                 self._scheduler_weighs(args.Pod, verdict.feasible) is None:
-            # kube-scheduler's own scores rank these nodes alike, so gpuaas's ranking decides: its pick alone is the
-            # answer. With one feasible node kube-scheduler runs no score plugin and no prioritize, and the reasons
-            # for the other nodes are read only when none is feasible, so they are left out.
-            pick = self._decide(args.Pod, demand, state, policy, verdict.feasible, verdict.feasible_rows)
+            # kube-scheduler's own scores rank these nodes alike, so gpuaas's ranking decides: its pick alone (steered
+            # to the planned node where feasible; a planned pod _steer could place does not get here), with the GPUs
+            # held there, is the answer. With one feasible node kube-scheduler runs no score plugin and no
+            # prioritize, and the reasons for the other nodes are read only when none is feasible, so they are left out.
+            pick = self._rank(args.Pod, demand, state, policy, verdict.feasible, verdict.feasible_rows, "filter").pick
             if pick is not None:
                 self.metrics.decision("filter", "decided").inc()
                 return filter_result(args, [pick], {}, {})
@@ -215,12 +216,6 @@ class ExtenderService:
         scored = self._rank(args.Pod, demand, state, policy, names, rows, "prioritize")
         self.metrics.decision("prioritize", "scored").inc(len(scored.names))
         return scored
-
-    def _decide(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy,
-                names: list[str], rows: np.ndarray | None) -> str | None:
-        """filter's one node, with the GPUs held there: the policy's pick, steered to the pod's planned node where it
-        is feasible (a planned pod whose planned node _steer could take without scores does not get here)."""
-        return self._rank(pod, demand, state, policy, names, rows, "filter").pick
 
     def _rank(self, pod: dict[str, Any], demand: PodDemand, state: ClusterState, policy: Policy, names: list[str],
               rows: np.ndarray | None, verb: str) -> verdicts.Priorities:
