@@ -11,8 +11,10 @@ With `--watch` as well, it keeps the extender's two watches, nodes and pods, thr
 (runtime/informer.py: listed, then watched in JSON, decoded and stored), and decides nothing with them: what the
 watches cost the apiserver and the extender, apart from the model built on them (bench/scheduler_throughput.py's
 `floor_watching`).
-Usage: python bench/floor_extender.py --port PORT [--kubeconfig FILE [--watch]] (serves until killed; GET /readyz
-answers once it listens and, with --watch, once both watches have synced)"""
+With `--server bare` the same verbs are served by bench/bare_http.py's bare server instead of aiohttp's: what
+aiohttp's server itself costs (bench/scheduler_throughput.py's `floor_bare`).
+Usage: python bench/floor_extender.py --port PORT [--kubeconfig FILE [--watch]] [--server bare] (serves until
+killed; GET /readyz answers once it listens and, with --watch, once both watches have synced)"""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +26,7 @@ import orjson
 import uvloop
 from aiohttp import web
 
+from bench.bare_http import Routes, Unavailable, serve_app
 from extender.binder import ApiBinder
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from runtime.informer import Informer
@@ -34,31 +37,41 @@ BINDER = web.AppKey("binder", ApiBinder)
 WATCHES = web.AppKey("watches", list[Informer])
 
 
-async def _args(request: web.Request) -> ExtenderArgs:
-    return ExtenderArgs.model_validate(orjson.loads(await request.read()))
+def filter_reply(body: bytes, one_node: bool) -> bytes:
+    names = ExtenderArgs.model_validate(orjson.loads(body)).node_names()
+    return orjson.dumps({"NodeNames": names[:1] if one_node else names, "FailedNodes": {},
+                         "FailedAndUnresolvableNodes": {}, "Error": ""})
+
+
+def prioritize_reply(body: bytes) -> bytes:
+    args = ExtenderArgs.model_validate(orjson.loads(body))
+    return orjson.dumps([{"Host": name, "Score": 0} for name in args.node_names()])
+
+
+async def bind_reply(binder: ApiBinder, body: bytes) -> bytes:
+    args = ExtenderBindingArgs.model_validate(orjson.loads(body))
+    error = ""
+    try:
+        await binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node, {})
+    except Exception as err:  # kube-scheduler reads the Error and tries the pod again
+        error = str(err)
+    return orjson.dumps({"Error": error})
+
+
+def _json(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
 
 
 async def filter_verb(request: web.Request) -> web.Response:
-    names = (await _args(request)).node_names()
-    return web.Response(body=orjson.dumps({"NodeNames": names[:1] if request.app[ONE_NODE] else names,
-                                           "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}),
-                        content_type="application/json")
+    return _json(filter_reply(await request.read(), request.app[ONE_NODE]))
 
 
 async def prioritize_verb(request: web.Request) -> web.Response:
-    args = await _args(request)
-    return web.Response(body=orjson.dumps([{"Host": name, "Score": 0} for name in args.node_names()]),
-                        content_type="application/json")
+    return _json(prioritize_reply(await request.read()))
 
 
 async def bind_verb(request: web.Request) -> web.Response:
-    args = ExtenderBindingArgs.model_validate(orjson.loads(await request.read()))
-    error = ""
-    try:
-        await request.app[BINDER].bind(args.PodNamespace, args.PodName, args.PodUID, args.Node, {})
-    except Exception as err:  # kube-scheduler reads the Error and tries the pod again
-        error = str(err)
-    return web.Response(body=orjson.dumps({"Error": error}), content_type="application/json")
+    return _json(await bind_reply(request.app[BINDER], await request.read()))
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -101,11 +114,30 @@ def main() -> None:
     parser.add_argument("--kubeconfig", type=Path, help="bind through this cluster; filter answers one node")
     parser.add_argument("--watch", action="store_true", help="with --kubeconfig: keep the extender's two watches "
                                                             "(nodes, pods), deciding nothing with them")
+    parser.add_argument("--server", choices=("aiohttp", "bare"), default="aiohttp",
+                        help="bare: the same verbs on bench/bare_http.py's server instead of aiohttp's")
     args = parser.parse_args()
     if args.watch and args.kubeconfig is None:
         parser.error("--watch needs --kubeconfig: the watches are the cluster's")
-    web.run_app(make_app(args.kubeconfig, args.watch), host="127.0.0.1", port=args.port, print=None, access_log=None,
-                loop=uvloop.new_event_loop())
+    app = make_app(args.kubeconfig, args.watch)
+    if args.server == "bare":
+        uvloop.run(serve_app(app, bare_routes, "127.0.0.1", args.port))
+    else:
+        web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None, loop=uvloop.new_event_loop())
+
+
+def bare_routes(app: web.Application) -> Routes:
+    """make_app's verbs and /readyz, for bench/bare_http.py's server."""
+    def ready(body: bytes) -> bytes:
+        if not all(w.synced.is_set() for w in app[WATCHES]):
+            raise Unavailable("watches not synced")
+        return b"ok"
+
+    routes: Routes = {(b"POST", b"/filter"): lambda body: filter_reply(body, app[ONE_NODE]),
+                      (b"POST", b"/prioritize"): prioritize_reply, (b"GET", b"/readyz"): ready}
+    if app[ONE_NODE]:  # with a cluster to bind in
+        routes[b"POST", b"/bind"] = lambda body: bind_reply(app[BINDER], body)
+    return routes
 
 
 if __name__ == "__main__":

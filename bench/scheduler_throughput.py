@@ -8,11 +8,15 @@ time. Three configurations:
   same_profile   the gpuaas profile (extender.schedconfig.gpuaas_profile: every node scored, the in-tree resource
                  scorers off) without the extender
   extender       the gpuaas profile calling the extender (filter, prioritize, bind), as deploy/ configures it
-and, asked for with `--configs default,same_profile,extender,floor,floor_watching`:
+and, asked for with `--configs` (e.g. `default,same_profile,extender,floor,floor_watching,floor_bare,extender_bare`):
   floor          the gpuaas profile calling bench/floor_extender.py as its binder: filter answers the first
                  candidate alone, bind makes the Binding, nothing is decided (what the protocol itself costs here)
   floor_watching the floor also keeping the extender's two watches (nodes and pods, JSON, decoded and stored, no
                  model): what the watches cost the apiserver and the extender
+  floor_bare     the floor with its verbs on bench/bare_http.py's bare server instead of aiohttp's: what aiohttp's
+                 server costs
+  extender_bare  gpuaas's extender with its verbs on that bare server (bench/bare_extender.py): what a leaner
+                 server would give gpuaas, all else the same
 `--repeats R` runs the three R times, interleaved (round r starts at configuration r mod 3, so none always runs first
 on a machine whose load drifts); pods/s and CPU per pod are the median over the rounds, the ratios are the median of
 the rounds' own ratios (each from runs next to each other) with their range.
@@ -55,9 +59,9 @@ from kubernetes import client
 from bench.extender_latency import wait_listening
 from extender.config import ENV_PREFIX
 from extender.schedconfig import extender_entries, gpuaas_profile
-from gpuaas.cluster.components import REPO, extender_process
+from gpuaas.cluster.components import REPO, ComponentProcess, extender_process
 from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.process import free_port
+from gpuaas.cluster.process import free_port, spawn
 from gpuaas.workloads import gpu_pod
 from runtime.pools import parse_pool_spec
 
@@ -185,7 +189,29 @@ CONFIGS = ("default", "same_profile", "extender")
 # Binding, nothing is decided. What the extender protocol costs here, whoever implements it (--configs ...,floor).
 FLOOR = "floor"
 FLOOR_WATCHING = "floor_watching"  # the floor with the extender's watches, nothing decided with them (--watch)
-FLOORS = (FLOOR, FLOOR_WATCHING)
+FLOOR_BARE = "floor_bare"  # the floor on bench/bare_http.py's server instead of aiohttp's (--server bare)
+FLOORS = (FLOOR, FLOOR_WATCHING, FLOOR_BARE)
+# gpuaas's extender with its verbs on bench/bare_http.py's server (bench/bare_extender.py): what a leaner server
+# than aiohttp's would give gpuaas, all else the same.
+EXTENDER_BARE = "extender_bare"
+GPUAAS = ("extender", EXTENDER_BARE)  # the configurations that run gpuaas's extender
+
+
+class BareExtenderProcess(ComponentProcess):
+    """bench/bare_extender.py in place of `gpuaas extender`, with the same arguments and settings."""
+
+    def spawn(self) -> ComponentProcess:
+        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO)}
+        self.popen = spawn([sys.executable, str(Path(__file__).with_name("bare_extender.py")), *self.args[1:]],
+                           self.log, append=True, env=env)
+        return self
+
+
+def gpuaas_extender(config: str, workdir: Path, kubeconfig: Path, port: int, env: dict[str, str]) -> ComponentProcess:
+    ext = extender_process(workdir, kubeconfig, port=port, env=env)
+    if config == EXTENDER_BARE:
+        return BareExtenderProcess(ext.name, ext.args, workdir, port=ext.port, env=ext.env)
+    return ext
 
 
 def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
@@ -198,7 +224,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
     (2 cores, 4Gi). `extender_options`: KEY=VALUE settings of the extender, passed in its environment. `cpu_split`:
     where the extender's CPU went (bench/cpu_split), in ms per pod. `extender_cpu`: the CPU the extender process is
     moved to once started (main() keeps this process and so every other component off it)."""
-    with_extender = config in ("extender", *FLOORS)
+    with_extender = config in (*GPUAAS, *FLOORS)
     with tempfile.TemporaryDirectory(prefix="gpuaas-tput-") as tmp:
         workdir = Path(tmp)
         port = free_port()
@@ -216,7 +242,7 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
         split_file = workdir / "cpu-split.json"
         if cpu_split:
             env[CPU_SPLIT_ENV] = str(split_file)
-        ext = extender_process(workdir, cluster.kubeconfig, port=port, env=env) if config == "extender" else None
+        ext = gpuaas_extender(config, workdir, cluster.kubeconfig, port, env) if config in GPUAAS else None
         floor: subprocess.Popen | None = None
         try:
             cluster.up(parse_pool_spec(pools(nodes)), timeout=300)
@@ -225,7 +251,8 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             if config in FLOORS:
                 floor = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_extender.py")),
                                           "--port", str(port), "--kubeconfig", str(cluster.kubeconfig),
-                                          *(["--watch"] if config == FLOOR_WATCHING else [])],
+                                          *(["--watch"] if config == FLOOR_WATCHING else []),
+                                          *(["--server", "bare"] if config == FLOOR_BARE else [])],
                                          stdout=(workdir / "floor.log").open("wb"), stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONPATH": str(REPO)})
                 wait_listening(port, floor)
@@ -351,7 +378,10 @@ def median(xs: list[float]) -> float:
 RATIOS = (("ratio_to_same_profile", "extender", "same_profile"), ("ratio_to_default", "extender", "default"),
           ("same_profile_to_default", "same_profile", "default"), ("floor_to_same_profile", FLOOR, "same_profile"),
           ("extender_to_floor", "extender", FLOOR), ("floor_watching_to_floor", FLOOR_WATCHING, FLOOR),
-          ("extender_to_floor_watching", "extender", FLOOR_WATCHING))
+          ("extender_to_floor_watching", "extender", FLOOR_WATCHING),
+          ("floor_bare_to_floor", FLOOR_BARE, FLOOR), ("floor_bare_to_same_profile", FLOOR_BARE, "same_profile"),
+          ("extender_bare_to_extender", EXTENDER_BARE, "extender"),
+          ("extender_bare_to_same_profile", EXTENDER_BARE, "same_profile"))
 
 
 def summary(runs: dict[str, list[dict]]) -> dict:
@@ -367,7 +397,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
             "cpu_ms_per_pod_above_idle": {c: median([r["cpu_ms_per_pod_above_idle"].get(c, 0.0) for r in rs])
                                           for c in comps},
         }
-        if config == "extender":
+        if config in GPUAAS:
             keys = sorted({k for r in rs for k in r["extender_ms_per_pod"]})
             out[config]["extender_ms_per_pod"] = {k: median([r["extender_ms_per_pod"].get(k, 0.0) for r in rs])
                                                   for k in keys}
@@ -419,7 +449,9 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"which of {','.join(CONFIGS)} to run, and {FLOOR}: the same profile against a "
                         f"do-nothing extender that binds, {FLOOR_WATCHING}: that extender also keeping the "
-                        "extender's two watches (ratios are printed for the pairs that ran)")
+                        f"extender's two watches, {FLOOR_BARE}: that extender on a bare server instead of "
+                        f"aiohttp's, {EXTENDER_BARE}: gpuaas's extender on that bare server (ratios are printed for "
+                        "the pairs that ran)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--idle-s", type=float, default=5.0, help="the quiet window that measures idle CPU")
     parser.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
@@ -456,15 +488,16 @@ def main() -> None:
         print(json.dumps(cpu_pods_entry_comparison(args, common), indent=2))
         return
     configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in (*CONFIGS, *FLOORS)]
+    known = (*CONFIGS, *FLOORS, EXTENDER_BARE)
+    unknown = [c for c in configs if c not in known]
     if unknown or not configs:
-        parser.error(f"--configs: unknown {unknown}; choose from {', '.join((*CONFIGS, *FLOORS))}")
+        parser.error(f"--configs: unknown {unknown}; choose from {', '.join(known)}")
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     for r in range(args.repeats):
         for config in configs[r % len(configs):] + configs[:r % len(configs)]:
             sample = None if config == "default" else args.percentage_of_nodes_to_score
             run = one_run(args.nodes, args.pods, args.seed, config, args.timeout, sample,
-                          extender_options=args.extender_option if config == "extender" else None, **common)
+                          extender_options=args.extender_option if config in GPUAAS else None, **common)
             run["round"] = r
             runs[config].append(run)
             print(json.dumps({"progress": config, "round": r, "pods_per_second": run["pods_per_second"]}),

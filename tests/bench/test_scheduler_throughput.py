@@ -14,22 +14,41 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_floor_extender_binds_every_pod_through_kube_scheduler():
     out = subprocess.run([sys.executable, str(REPO / "bench" / "scheduler_throughput.py"), "--nodes", "12", "--pods",
-                          "24", "--repeats", "1", "--configs", "same_profile,floor,floor_watching", "--idle-s", "1"],
+                          "24", "--repeats", "1", "--configs", "same_profile,floor,floor_watching,floor_bare",
+                          "--idle-s", "1"],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    (floor,), (same,), (watching,) = (report["runs"][c] for c in ("floor", "same_profile", "floor_watching"))
-    for run in (floor, same, watching):
+    (floor,), (same,), (watching,), (bare,) = (report["runs"][c] for c in ("floor", "same_profile", "floor_watching",
+                                                                            "floor_bare"))
+    for run in (floor, same, watching, bare):
         assert run["pods"] == 24 and run["pods_per_second"] > 0  # the clock stops only once every pod is bound
-    for run in (floor, watching):
+    for run in (floor, watching, bare):
         assert run["cpu_ms_per_pod"]["floor-extender"] > 0
         assert run["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # the floor made the Bindings
     assert "floor-extender" not in same["cpu_ms_per_pod"]
     # floor_watching holds the extender's two watches on top of what the floor's cluster has open.
     for resource in ("nodes", "pods"):
         assert watching["apiserver_watches"][resource] >= floor["apiserver_watches"].get(resource, 0) + 1, resource
-    assert set(report["summary"]) >= {"floor_to_same_profile", "floor_watching_to_floor"}
+    assert set(report["summary"]) >= {"floor_to_same_profile", "floor_watching_to_floor", "floor_bare_to_floor"}
+
+
+def test_gpuaas_on_the_bare_server_decides_and_binds_every_pod():
+    # extender_bare: gpuaas's own service (its model, decisions and Bindings with the GPUs chosen) behind
+    # bench/bare_http.py's server, against the extender as shipped.
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "scheduler_throughput.py"), "--nodes", "12", "--pods",
+                          "24", "--repeats", "1", "--configs", "extender,extender_bare", "--idle-s", "1"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    for config in ("extender", "extender_bare"):
+        (run,) = report["runs"][config]
+        assert run["cpu_ms_per_pod"]["gpuaas-extender"] > 0
+        assert run["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # gpuaas made the Bindings
+        assert run["extender_calls"]["filter"] >= 24 and run["extender_calls"]["bind"] == 24, run["extender_calls"]
+    assert "extender_bare_to_extender" in report["summary"]
 
 
 def test_cpu_split_says_where_the_extenders_cpu_went():
