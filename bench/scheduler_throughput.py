@@ -24,9 +24,10 @@ the rounds' own ratios (each from runs next to each other) with their range.
 CPU per pod of each component: its user + system CPU from the scheduler's start until every pod is bound and Running
 (kwok's status patches included), over P.
 `idle_cpu_per_s`: each component's CPU per second in a quiet window before the scheduler starts (node lease renewals,
-the extender's watches), so that what a longer run costs just by lasting longer can be told apart
-(`cpu_ms_per_pod_above_idle`). For the extender also: its time per verb and in joint queue planning (its
-/metrics), and the connections kube-scheduler opened and closed (sockets in TIME-WAIT, by the side that closed).
+the extender's watches), and kube-scheduler's in one after the run, every pod bound, so that what a longer run costs
+just by lasting longer can be told apart (`cpu_ms_per_pod_above_idle`). For the extender also: its time per verb and
+in joint queue planning (its /metrics), and the connections kube-scheduler opened and closed (sockets in TIME-WAIT, by
+the side that closed).
 `--extender-cpu N`: the extender (gpuaas's or a floor) alone on CPU N and every other component on the remaining
 CPUs, as deployed with cores of its own; the same profile then runs on those remaining CPUs alone.
 `--cpu-split`: also where the extender's CPU went per pod (bench/cpu_split/sitecustomize.py, thread CPU time around
@@ -307,8 +308,14 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
                             for name, pid in procs.items() if cpu[name] > 0}
             state = cluster.control_plane.state  # read again: the scheduler was started since
             assert state is not None
-            cpu["kube-scheduler"] = cpu_seconds(state.components["kube-scheduler"].pid)
+            scheduler_pid = state.components["kube-scheduler"].pid
+            cpu["kube-scheduler"] = cpu_seconds(scheduler_pid)
             metrics_after = apiserver_metrics(cluster)
+            # kube-scheduler runs only from the clock's start: its idle rate is read after the run instead, every
+            # pod bound and none pending (the others' is read before, so their request counts above leave it out).
+            idle["kube-scheduler"] = cpu_seconds(scheduler_pid)
+            time.sleep(idle_s)
+            idle["kube-scheduler"] = (cpu_seconds(scheduler_pid) - idle["kube-scheduler"]) / idle_s
             requests = apiserver_requests(metrics_after)
             requests.subtract(requests_before)
             seconds = {k: v for k, v in requests.items() if k.startswith(SECONDS)}

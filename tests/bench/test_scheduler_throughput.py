@@ -24,6 +24,9 @@ def test_the_floor_extender_binds_every_pod_through_kube_scheduler():
                                                                             "floor_bare"))
     for run in (floor, same, watching, bare):
         assert run["pods"] == 24 and run["pods_per_second"] > 0  # the clock stops only once every pod is bound
+        # kube-scheduler's idle rate, read after the run, is taken off its CPU like every other component's.
+        assert run["idle_cpu_per_s"]["kube-scheduler"] >= 0
+        assert run["cpu_ms_per_pod_above_idle"]["kube-scheduler"] <= run["cpu_ms_per_pod"]["kube-scheduler"]
     for run in (floor, watching, bare):
         assert run["cpu_ms_per_pod"]["floor-extender"] > 0
         assert run["apiserver_requests_while_scheduling"]["POST/pods/binding"] == 24  # the floor made the Bindings
