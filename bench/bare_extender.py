@@ -19,7 +19,15 @@ from prometheus_client import generate_latest
 
 from bench.bare_http import Routes, Unavailable, serve_app
 from extender.config import ENV_PREFIX, ExtenderConfig
-from extender.server import METRICS, PRIORITY_ENCODER, READY, SERVICE, live_app, warm_up_once_synced
+from extender.server import (
+    METRICS,
+    PRIORITY_ENCODER,
+    READY,
+    SERVICE,
+    live_app,
+    priorities_body,
+    warm_up_once_synced,
+)
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from runtime.config import load_config
 from runtime.logs import setup_logging
@@ -37,7 +45,7 @@ def bare_routes(app: web.Application) -> Routes:
     def prioritize(body: bytes) -> bytes:
         started = time.perf_counter()
         scored = service.prioritize(ExtenderArgs.model_validate(orjson.loads(body)))
-        reply = encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names) if scored.names else b"[]"
+        reply = priorities_body(encoder, scored)
         metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
         return reply
 

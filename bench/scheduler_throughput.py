@@ -62,7 +62,7 @@ from extender.config import ENV_PREFIX
 from extender.schedconfig import extender_entries, gpuaas_profile
 from gpuaas.cluster.components import REPO, ComponentProcess, extender_process
 from gpuaas.cluster.local import LocalCluster
-from gpuaas.cluster.process import free_port, spawn
+from gpuaas.cluster.process import free_port
 from gpuaas.workloads import gpu_pod
 from runtime.pools import parse_pool_spec
 
@@ -201,11 +201,8 @@ GPUAAS = ("extender", EXTENDER_BARE)  # the configurations that run gpuaas's ext
 class BareExtenderProcess(ComponentProcess):
     """bench/bare_extender.py in place of `gpuaas extender`, with the same arguments and settings."""
 
-    def spawn(self) -> ComponentProcess:
-        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO)}
-        self.popen = spawn([sys.executable, str(Path(__file__).with_name("bare_extender.py")), *self.args[1:]],
-                           self.log, append=True, env=env)
-        return self
+    def command(self) -> list[str]:
+        return [sys.executable, str(Path(__file__).with_name("bare_extender.py")), *self.args[1:]]  # (args[0]: verb)
 
 
 def gpuaas_extender(config: str, workdir: Path, kubeconfig: Path, port: int, env: dict[str, str]) -> ComponentProcess:
@@ -313,9 +310,9 @@ def one_run(nodes: int, pods: int, seed: int, config: str, timeout: float,
             metrics_after = apiserver_metrics(cluster)
             # kube-scheduler runs only from the clock's start: its idle rate is read after the run instead, every
             # pod bound and none pending (the others' is read before, so their request counts above leave it out).
-            idle["kube-scheduler"] = cpu_seconds(scheduler_pid)
+            scheduler_before = cpu_seconds(scheduler_pid)
             time.sleep(idle_s)
-            idle["kube-scheduler"] = (cpu_seconds(scheduler_pid) - idle["kube-scheduler"]) / idle_s
+            idle["kube-scheduler"] = (cpu_seconds(scheduler_pid) - scheduler_before) / idle_s
             requests = apiserver_requests(metrics_after)
             requests.subtract(requests_before)
             seconds = {k: v for k, v in requests.items() if k.startswith(SECONDS)}
@@ -412,7 +409,6 @@ def summary(runs: dict[str, list[dict]]) -> dict:
         if config in runs and to in runs:
             out[name] = round_ratios(runs[config], runs[to])
     return out
-
 
 
 def round_ratios(runs: list[dict], to: list[dict]) -> dict:

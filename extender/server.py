@@ -129,12 +129,14 @@ async def filter_verb(request: web.Request) -> web.Response:
     return _json(request.app[SERVICE].filter(args))
 
 
+def priorities_body(encoder: HostPriorityEncoder, scored: Priorities) -> bytes:
+    """prioritize's reply body. An empty answer (a GPU pod at the CPU-pod entry) skips the encoder: its records are
+    kept per node set, and an empty node set would throw them away for the next prioritize."""
+    return encoder.encode(scored.names, scored.rows, scored.scores, scored.row_names) if scored.names else b"[]"
+
+
 def _priorities(request: web.Request, scored: Priorities) -> web.Response:
-    # An empty answer (a GPU pod at the CPU-pod entry) skips the encoder: its records are kept per node set, and an
-    # empty node set would throw them away for the next prioritize.
-    body = (request.app[PRIORITY_ENCODER].encode(scored.names, scored.rows, scored.scores, scored.row_names)
-            if scored.names else b"[]")
-    return web.Response(body=body, content_type="application/json")
+    return web.Response(body=priorities_body(request.app[PRIORITY_ENCODER], scored), content_type="application/json")
 
 
 async def prioritize_verb(request: web.Request) -> web.Response:

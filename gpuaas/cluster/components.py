@@ -50,8 +50,12 @@ class ComponentProcess:
         it."""
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, **self.env, "PYTHONPATH": path}
-        self.popen = spawn([sys.executable, "-m", "gpuaas.cli", *self.args], self.log, append=True, env=env)
+        self.popen = spawn(self.command(), self.log, append=True, env=env)
         return self
+
+    def command(self) -> list[str]:
+        """What spawn() runs: `gpuaas <args>`."""
+        return [sys.executable, "-m", "gpuaas.cli", *self.args]
 
     def wait_ready(self, timeout: float = 30.0) -> ComponentProcess:
         assert self.popen, "spawn() first"
